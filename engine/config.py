@@ -1,0 +1,60 @@
+"""EngineConfig: every engine flag in one dataclass, validated once at start-up.
+
+Names mirror vLLM's flags (`--max-num-seqs` is `max_num_seqs`) so the operator can render either
+runtime from one plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SpeculativeMethod = Literal["ngram", "draft"]
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    served_model_name: str | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None          # None: size the pool from memory
+    gpu_memory_utilization: float = 0.90      # share of device memory for weights + KV on CUDA
+    cpu_kv_cache_gib: float = 1.0             # KV pool size on CPU when num_kv_blocks is None
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None          # None: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"                       # auto: bf16 on CUDA, fp32 on CPU
+    device: str = "auto"
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    seed: int = 0
+    free_block_watermark: float = 0.01        # share of blocks admission keeps free for running decodes
+    max_waiting_requests: int = 1024
+    speculative_method: SpeculativeMethod | None = None
+    draft_model: str | None = None
+    num_speculative_tokens: int = 0
+    speculation_enabled: bool = True
+    ngram_min: int = 1
+    ngram_max: int = 4
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._check_positive("block_size", "max_num_seqs", "max_num_batched_tokens")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.speculative_method not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative_method must be ngram or draft, got {self.speculative_method!r}")
+        if self.speculative_method == "draft" and not self.draft_model:
+            raise ValueError("speculative_method='draft' needs draft_model")
+        if self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        if self.speculative_method and self.num_speculative_tokens == 0:
+            self.num_speculative_tokens = 4
+
+    def _check_positive(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

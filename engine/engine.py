@@ -1,0 +1,239 @@
+"""LLMEngine: the step-level engine that the offline API and the HTTP server drive.
+
+`add_request` validates and queues; `step` schedules one token-budget step, runs the model, samples,
+applies stop rules, frees finished sequences at once, and reports what changed; `abort` frees a
+request's blocks at the next opportunity. Not thread-safe: one owner thread calls it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from specfleet.engine.config import EngineConfig
+from specfleet.engine.kv.block_manager import BlockManager
+from specfleet.engine.model.loader import load_model
+from specfleet.engine.model_runner import ModelRunner, SampleRows, kv_bytes_per_block
+from specfleet.engine.outputs import RequestOutput
+from specfleet.engine.sampler import SamplingTensors, sample_tokens, token_logprobs
+from specfleet.engine.sampling_params import SamplingParams
+from specfleet.engine.scheduler import Scheduler, SchedulerOutput
+from specfleet.engine.sequence import Sequence
+from specfleet.engine.stats import EngineStats, StepRecord
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EngineOverloaded(RuntimeError):
+    """The waiting queue is full; the caller should retry later (HTTP 429)."""
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.device)
+        loaded = load_model(config.model, self.dtype, self.device, config.max_model_len)
+        self.model_path = loaded.path
+        self.model_name = config.served_model_name or config.model
+        self.tokenizer = AutoTokenizer.from_pretrained(loaded.path)
+        self.eos_token_ids = loaded.eos_token_ids
+        self.vocab_size = loaded.model.shape.vocab_size
+        num_blocks = self._pool_blocks(loaded.model)
+        self.max_model_len = min(config.max_model_len or loaded.max_position_embeddings,
+                                 loaded.max_position_embeddings, num_blocks * config.block_size)
+        self.runner = ModelRunner(loaded.model, num_blocks, config.block_size, self.dtype, self.device)
+        self._select_attention_backend(loaded.model)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          config.free_block_watermark)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.requests: dict[str, Sequence] = {}
+        self.stats = EngineStats()
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
+        self.detokenize_every_step = False       # the server streams text; offline needs it at the end
+
+    # ---- sizing ---------------------------------------------------------------------------
+    def _pool_blocks(self, model) -> int:
+        if self.config.num_kv_blocks:
+            return self.config.num_kv_blocks
+        per_block = kv_bytes_per_block(model, self.config.block_size, self.dtype)
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = total * self.config.gpu_memory_utilization - (total - free) - 512 * 2**20
+        else:
+            budget = self.config.cpu_kv_cache_gib * 2**30
+        if budget < per_block:
+            raise ValueError("no memory left for the KV cache; lower the model size or raise the memory share")
+        return int(budget // per_block)
+
+    def _select_attention_backend(self, model) -> None:
+        backend = self.config.attention_backend
+        if backend == "triton" or (backend == "auto" and self.device.type == "cuda"):
+            from specfleet.engine.kernels import TritonPagedAttention
+
+            model.set_attention_backend(TritonPagedAttention)
+
+    # ---- requests -------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.block_manager.usage
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt) if prompt else []
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        return list(prompt)
+
+    def validate(self, prompt_ids: list[int], request_id: str) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens but the model's context is "
+                             f"{self.max_model_len} tokens (including at least one output token)")
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        params = params or SamplingParams()
+        prompt_ids = self.encode(prompt)
+        self.validate(prompt_ids, request_id)
+        if self.num_waiting >= self.config.max_waiting_requests:
+            raise EngineOverloaded(f"{self.num_waiting} requests are already waiting")
+        seq = Sequence(request_id, prompt_ids, len(prompt_ids), params, arrival_time or time.monotonic(),
+                       prompt=prompt if isinstance(prompt, str) else None)
+        if params.seed is not None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq)
+        seq.finish_reason = "abort"
+        return self._output(seq, [])
+
+    # ---- the step -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        scheduled = self.scheduler.schedule()
+        self.stats.preemptions += len(scheduled.preempted)
+        if not scheduled.seqs:
+            return []
+        logits, rows = self.runner.execute(scheduled)
+        for seq, n in zip(scheduled.seqs, scheduled.num_new_tokens):
+            if not seq.spec_token_ids:
+                seq.num_computed_tokens += n
+        outputs = [self._advance(row, tokens, lp) for row, tokens, lp in self._sample(logits, rows)]
+        for seq in scheduled.seqs:
+            if not seq.is_finished:
+                self.block_manager.publish(seq)
+        self._record(scheduled, rows, time.perf_counter() - start)
+        return outputs
+
+    def _sample(self, logits: torch.Tensor, rows: list[SampleRows]):
+        if not rows:
+            return []
+        params = [r.seq.params for r in rows]
+        tensors = SamplingTensors.build(params, self.vocab_size, logits.device)
+        tokens = sample_tokens(logits, tensors, [r.seq.generator for r in rows])
+        want_lp = [p.logprobs for p in params]
+        logprobs = token_logprobs(logits, tokens, want_lp) if any(n is not None for n in want_lp) else [None] * len(rows)
+        return [(row, [tok], [lp] if lp is not None else []) for row, tok, lp in zip(rows, tokens.tolist(), logprobs)]
+
+    def _advance(self, row: SampleRows, tokens: list[int], logprobs: list[dict]) -> RequestOutput:
+        seq = row.seq
+        now = time.monotonic()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.stats.prompt_tokens += seq.num_prompt_tokens
+        seq.last_token_time = now
+        new: list[int] = []
+        for token in tokens:
+            seq.token_ids.append(token)
+            new.append(token)
+            if self._check_stop(seq, token):
+                break
+        seq.output_logprobs += logprobs[:len(new)]
+        self.stats.generation_tokens += len(new)
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+            self.requests.pop(seq.request_id, None)
+        elif self.detokenize_every_step:
+            seq.output_text = self._decode(seq)
+        return self._output(seq, new)
+
+    def _check_stop(self, seq: Sequence, token: int) -> bool:
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            seq.finish_reason, seq.stop_reason = "stop", token if token in p.stop_token_ids else None
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+        if p.stop or seq.finish_reason:
+            seq.output_text = self._decode(seq)
+        if p.stop and seq.finish_reason != "stop":
+            self._check_stop_strings(seq)
+        return seq.finish_reason is not None
+
+    def _check_stop_strings(self, seq: Sequence) -> None:
+        window = max(len(s) for s in seq.params.stop) + 8 * max(1, len(seq.params.stop))
+        tail_start = max(0, len(seq.output_text) - window)
+        for stop in seq.params.stop:
+            at = seq.output_text.find(stop, tail_start)
+            if at >= 0:
+                end = at + len(stop) if seq.params.include_stop_str_in_output else at
+                seq.output_text = seq.output_text[:end]
+                seq.finish_reason, seq.stop_reason = "stop", stop
+                return
+
+    def _decode(self, seq: Sequence) -> str:
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+
+    def _output(self, seq: Sequence, new: list[int]) -> RequestOutput:
+        return RequestOutput(seq.request_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
+                             seq.output_token_ids, seq.output_text, seq.finish_reason is not None,
+                             seq.finish_reason, seq.stop_reason,
+                             seq.output_logprobs if seq.params.logprobs is not None else None,
+                             seq.num_cached_tokens, new)
+
+    def _record(self, scheduled: SchedulerOutput, rows: list[SampleRows], duration: float) -> None:
+        decodes = sum(1 for s, n in zip(scheduled.seqs, scheduled.num_new_tokens)
+                      if s.num_output_tokens > 0 and n <= 1 + len(s.spec_token_ids))
+        record = StepRecord(duration, len(scheduled.seqs), scheduled.num_batched_tokens, decodes,
+                            scheduled.num_batched_tokens - decodes, False)
+        self.stats.steps += 1
+        self.stats.prefix_queried_tokens = self.block_manager.prefix_stats.queried_tokens
+        self.stats.prefix_hit_tokens = self.block_manager.prefix_stats.hit_tokens
+        for listener in self.step_listeners:
+            listener(record)

@@ -1,0 +1,98 @@
+"""ModelRunner: owns the weights and the KV pool, turns a scheduled step into logits.
+
+It lays the step's tokens out flat, grouped by how many tokens each sequence computes (decodes
+together, each prefill chunk or verification group together), maps every token to its cache slot
+through the block table, runs the model once, and returns logits only for the positions that are
+sampled: the last token of a finished prefill or decode, or all k+1 positions of a verification.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specfleet.engine.attention import AttentionGroup, AttentionMetadata
+from specfleet.engine.model.llama import LlamaForCausalLM
+from specfleet.engine.scheduler import SchedulerOutput
+from specfleet.engine.sequence import Sequence
+
+
+@dataclass
+class SampleRows:
+    seq: Sequence
+    first_row: int      # row of this sequence's first sampled position in the logits
+    num_rows: int       # 1, or k+1 when verifying k draft tokens
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor        # [num_tokens]
+    positions: torch.Tensor        # [num_tokens]
+    meta: AttentionMetadata
+    logit_indices: torch.Tensor    # [num_rows] token index of each sampled position
+    rows: list[SampleRows]
+
+
+def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+    s = model.shape
+    return 2 * s.num_layers * block_size * s.num_kv_heads * s.head_dim * torch.finfo(dtype).bits // 8
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        s = model.shape
+        shape = (num_blocks, block_size, s.num_kv_heads, s.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
+                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(s.num_layers)]
+
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput) -> tuple[torch.Tensor, list[SampleRows]]:
+        inputs = self.prepare(step)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        logits = self.model.compute_logits(hidden[inputs.logit_indices]) if inputs.rows else hidden.new_empty(0)
+        return logits, inputs.rows
+
+    def prepare(self, step: SchedulerOutput) -> StepInputs:
+        order = sorted(range(len(step.seqs)), key=lambda i: step.num_new_tokens[i])
+        ids, positions, slots, logit_idx, rows = [], [], [], [], []
+        qlens, ctx_lens, tables = [], [], []
+        for i in order:
+            seq, n = step.seqs[i], step.num_new_tokens[i]
+            start = seq.num_computed_tokens
+            tokens = (seq.token_ids + seq.spec_token_ids)[start:start + n]
+            span = range(start, start + n)
+            first = len(ids)
+            ids += tokens
+            positions += span
+            slots += [seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in span]
+            qlens.append(n)
+            ctx_lens.append(start + n)
+            tables.append(seq.block_table)
+            if start + n == seq.num_tokens + len(seq.spec_token_ids):     # reaches the end: sample
+                num_rows = 1 + len(seq.spec_token_ids)
+                rows.append(SampleRows(seq, len(logit_idx), num_rows))
+                logit_idx += range(first + n - num_rows, first + n)
+        meta = self._metadata(qlens, ctx_lens, tables, slots)
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
+        return StepInputs(as_long(ids), as_long(positions), meta, as_long(logit_idx), rows)
+
+    def _metadata(self, qlens: list[int], ctx_lens: list[int], tables: list[list[int]],
+                  slots: list[int]) -> AttentionMetadata:
+        width = max(len(t) for t in tables)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=self.device)
+        ctx = torch.tensor(ctx_lens, dtype=torch.int32, device=self.device)
+        groups, start, i = [], 0, 0
+        while i < len(qlens):
+            j = i
+            while j < len(qlens) and qlens[j] == qlens[i]:
+                j += 1
+            groups.append(AttentionGroup(start, j - i, qlens[i], ctx[i:j], table[i:j]))
+            start += (j - i) * qlens[i]
+            i = j
+        starts = torch.tensor([0] + qlens, dtype=torch.int32, device=self.device).cumsum(0, dtype=torch.int32)
+        return AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=self.device), groups,
+                                 starts, ctx, table, max(qlens))

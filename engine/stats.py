@@ -1,0 +1,30 @@
+"""Engine counters and per-step records: the raw material of the server's Prometheus metrics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    duration_s: float
+    num_seqs: int                 # sequences computed in the step (the batch size)
+    num_tokens: int               # tokens computed in the step (prefill chunks + decodes + drafts)
+    num_decode_seqs: int          # sequences that produced a token from a decode or verification
+    num_prefill_tokens: int
+    speculating: bool
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_by_position: list[int] = field(default_factory=list)
+    counterfactual_draft_tokens: int = 0      # n-gram proposals scored while speculation is off
+    counterfactual_accepted_tokens: int = 0
+    steps: int = 0

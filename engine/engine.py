@@ -20,6 +20,7 @@ from specfleet.engine.sampler import SamplingTensors, sample_tokens, token_logpr
 from specfleet.engine.sampling_params import SamplingParams
 from specfleet.engine.scheduler import Scheduler, SchedulerOutput
 from specfleet.engine.sequence import Sequence
+from specfleet.engine.spec.control import SpeculationControl, SpeculationNotConfigured  # noqa: F401
 from specfleet.engine.stats import EngineStats, StepRecord
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,6 +69,8 @@ class LLMEngine:
         self.stats = EngineStats()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.detokenize_every_step = False       # the server streams text; offline needs it at the end
+        self.speculation = SpeculationControl(config.speculative_method, config.num_speculative_tokens,
+                                              config.speculation_enabled, config.num_speculative_tokens)
 
     # ---- sizing ---------------------------------------------------------------------------
     def _pool_blocks(self, model) -> int:
@@ -143,6 +146,13 @@ class LLMEngine:
         self.scheduler.finish(seq)
         seq.finish_reason = "abort"
         return self._output(seq, [])
+
+    def get_speculation(self) -> dict:
+        return self.speculation.state()
+
+    def set_speculation(self, enabled: bool | None = None, num_speculative_tokens: int | None = None) -> dict:
+        """Thread-safe; takes effect at the next step. Raises SpeculationNotConfigured or ValueError."""
+        return self.speculation.update(enabled, num_speculative_tokens)
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -51,9 +51,9 @@ def build_tiny_model(path: str | Path, arch: str = "llama", *, vocab_size: int =
 
     path = Path(path)
     config_name, model_name, defaults = ARCHS[arch]
-    tokenizer = build_tokenizer(vocab_size)
+    tokenizer = build_tokenizer(min(vocab_size, 512))
     config = getattr(transformers, config_name)(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+        vocab_size=max(vocab_size, len(tokenizer)), hidden_size=hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
         initializer_range=0.5, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,

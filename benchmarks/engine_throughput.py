@@ -1,0 +1,173 @@
+"""Offline throughput: specfleet vs transformers static batching vs vLLM's CPU backend, one run.
+
+Same machine, same random-weight Llama (hidden 512, 4 layers, 8/4 heads, vocab 8192, fp32), same
+workload (64 requests, prompt and output lengths uniform in [16, 256], token ids, greedy, ignore EOS).
+Prints a table of output tokens/s and ratios, and writes benchmarks/results/engine_throughput.json.
+vLLM runs only where its CPU build is installed in its own venv (see docs/benchmarks.md):
+    python benchmarks/engine_throughput.py [--vllm-python /tmp/vllm-peer/bin/python]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+MODEL_SHAPE = dict(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4,
+                   intermediate_size=1408, max_position_embeddings=1024)
+
+
+def workload(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    gen = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
+    output_lens = torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
+    return [(torch.randint(10, vocab, (p,), generator=gen).tolist(), o) for p, o in zip(prompt_lens, output_lens)]
+
+
+def run_specfleet(model: str, work) -> dict:
+    from specfleet.engine import LLM, SamplingParams
+
+    llm = LLM(model, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
+    llm.generate([[11, 12, 13]], SamplingParams(max_tokens=4))                    # warm-up
+    waste = KvWasteMeter(llm.engine)
+    llm.engine.step_listeners.append(waste)
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in work]
+    start = time.perf_counter()
+    outs = llm.generate([p for p, _ in work], params)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outs)
+    return {"output_tokens": tokens, "seconds": elapsed, "tok_per_s": tokens / elapsed,
+            "kv_waste": waste.ratio, "preemptions": llm.engine.stats.preemptions}
+
+
+class KvWasteMeter:
+    """Allocated-but-unused KV slots / allocated slots, over all running sequences and steps."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.allocated, self.unused = engine, 0, 0
+
+    def __call__(self, _record) -> None:
+        size = self.engine.block_manager.block_size
+        for seq in self.engine.scheduler.running:
+            slots = len(seq.block_table) * size
+            self.allocated += slots
+            self.unused += slots - seq.num_computed_tokens
+
+    @property
+    def ratio(self) -> float:
+        return self.unused / max(1, self.allocated)
+
+
+def run_transformers(model: str, work, batch: int = 16) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    start, tokens = time.perf_counter(), 0
+    for i in range(0, len(work), batch):
+        group = work[i:i + batch]
+        width = max(len(p) for p, _ in group)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
+        with torch.inference_mode():
+            hf.generate(ids, attention_mask=mask, max_new_tokens=max(o for _, o in group), do_sample=False,
+                        pad_token_id=0)
+        tokens += sum(o for _, o in group)                     # only the tokens each request asked for
+    elapsed = time.perf_counter() - start
+    return {"output_tokens": tokens, "seconds": elapsed, "tok_per_s": tokens / elapsed}
+
+
+VLLM_SCRIPT = r"""
+import json, sys, time
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+if __name__ == "__main__":
+    model, work_file = sys.argv[1], sys.argv[2]
+    work = json.load(open(work_file))
+    llm = LLM(model=model, dtype="float32", max_num_seqs=64, max_num_batched_tokens=2048, seed=0)
+    llm.generate([TokensPrompt(prompt_token_ids=[11, 12, 13])], SamplingParams(max_tokens=4))
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in work]
+    start = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in work], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    print("RESULT " + json.dumps({"output_tokens": tokens, "seconds": elapsed, "tok_per_s": tokens / elapsed}))
+"""
+
+
+def run_vllm(python: str, model: str, work) -> dict | None:
+    if not Path(python).exists():
+        return None
+    tmp = RESULTS / "vllm_work.tmp"
+    tmp.write_text(json.dumps(work))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+           "VLLM_CACHE_ROOT": "/tmp/vllm-cache", "TORCHINDUCTOR_CACHE_DIR": "/tmp/vllm-inductor"}
+    iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    proc = subprocess.run([python, "-c", VLLM_SCRIPT, model, str(tmp)], env=env, capture_output=True, text=True)
+    tmp.unlink(missing_ok=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    print(proc.stderr[-3000:], file=sys.stderr)
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--min-len", type=int, default=16)
+    parser.add_argument("--max-len", type=int, default=256)
+    parser.add_argument("--vllm-python", default="/tmp/vllm-peer/bin/python")
+    parser.add_argument("--skip-transformers", action="store_true")
+    args = parser.parse_args()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from specfleet.engine.tiny_model import build_tiny_model
+
+    console = Console()
+    model = str(RESULTS.parent / ".cache" / "llama-512x4")
+    if not Path(model, "config.json").exists():
+        build_tiny_model(model, "llama", **MODEL_SHAPE)
+    work = workload(args.num_requests, args.min_len, args.max_len, MODEL_SHAPE["vocab_size"])
+    results: dict[str, dict | None] = {}
+    with console.status("specfleet"):
+        results["specfleet"] = run_specfleet(model, work)
+    if not args.skip_transformers:
+        with console.status("transformers generate, static batches of 16"):
+            results["transformers_static16"] = run_transformers(model, work)
+    with console.status("vLLM CPU (start-up excluded)"):
+        results["vllm_cpu"] = run_vllm(args.vllm_python, model, work)
+    with console.status("specfleet again (noise check)"):
+        results["specfleet_repeat"] = run_specfleet(model, work)
+
+    ours = (results["specfleet"]["tok_per_s"] + results["specfleet_repeat"]["tok_per_s"]) / 2
+    table = Table(title=f"{args.num_requests} requests, lengths {args.min_len}-{args.max_len}, greedy, fp32, "
+                        f"{torch.get_num_threads()} threads")
+    for col in ("engine", "output tok/s", "seconds", "specfleet / engine"):
+        table.add_column(col, justify="right")
+    for name, r in results.items():
+        if r is None:
+            table.add_row(name, "not installed", "-", "-")
+        else:
+            table.add_row(name, f"{r['tok_per_s']:.0f}", f"{r['seconds']:.1f}", f"{ours / r['tok_per_s']:.2f}x")
+    console.print(table)
+    console.print(f"KV waste (allocated but unused slots): {results['specfleet']['kv_waste']:.2%}")
+    summary = {"model": MODEL_SHAPE, "workload": vars(args), "results": results, "specfleet_mean_tok_per_s": ours,
+               "ratios": {k: ours / r["tok_per_s"] for k, r in results.items() if r and not k.startswith("specfleet")}}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "engine_throughput.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

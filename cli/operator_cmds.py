@@ -1,0 +1,112 @@
+"""`specfleet operator ...` and `specfleet plan`: the operator's commands.
+
+Heavy imports (kopf, kubernetes) happen inside the commands.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.callback()
+def _operator() -> None:
+    """The InferenceService operator."""
+
+
+@app.command("run")
+def run(namespace: list[str] = typer.Option([], "--namespace", "-n", help="Namespace to watch (repeatable)."),
+        all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace."),
+        liveness: Optional[str] = typer.Option(None, help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz"),
+        verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
+    """Run the operator (kopf, standalone) against the cluster in KUBECONFIG or in-cluster config."""
+    if bool(namespace) == all_namespaces:
+        raise typer.BadParameter("give --namespace NS (one or more) or --all-namespaces")
+    from specfleet.operator.main import run as run_operator
+
+    run_operator(namespaces=namespace, clusterwide=all_namespaces, liveness=liveness, verbose=verbose)
+
+
+def plan_cmd(file: Path = typer.Option(..., "--file", "-f", exists=True, dir_okay=False,
+                                       help="An InferenceService manifest."),
+             output: str = typer.Option("table", "--output", "-o", help="table | yaml")) -> None:
+    """Print the plan for an InferenceService, without a cluster."""
+    import yaml
+
+    from specfleet.operator import api, catalogs, planner, render, status
+
+    docs = [d for d in yaml.safe_load_all(file.read_text()) if d and d.get("kind") == api.KIND]
+    if not docs:
+        raise typer.BadParameter(f"no {api.KIND} in {file}")
+    failed = False
+    for doc in docs:
+        name = doc.get("metadata", {}).get("name", "unnamed")
+        try:
+            spec = api.parse_spec(doc.get("spec") or {})
+        except api.SpecError as exc:
+            typer.echo(f"{name}: invalid spec: {exc}", err=True)
+            failed = True
+            continue
+        result = planner.plan(spec, catalogs.gpus(), catalogs.models())
+        failed |= isinstance(result, planner.Infeasible)
+        if output == "yaml":
+            typer.echo(yaml.safe_dump(_as_yaml(name, doc, spec, result, render, status), sort_keys=False))
+        else:
+            _print_table(name, spec, result)
+    raise typer.Exit(1 if failed else 0)
+
+
+def _as_yaml(name, doc, spec, result, render, status) -> dict:
+    from specfleet.operator import planner
+
+    if isinstance(result, planner.Infeasible):
+        return {"name": name, "infeasible": {"reason": result.reason, "message": result.message,
+                                             "closest": result.closest}}
+    namespace = doc.get("metadata", {}).get("namespace", "default")
+    deployment = render.render(name, namespace, spec, result)[0]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {"name": name, "plan": status.plan_dict(result), "replicas": result.replicas,
+            "warnings": list(result.warnings), "command": container["command"] + container["args"]}
+
+
+def _print_table(name, spec, result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specfleet.operator import planner
+
+    console = Console()
+    if isinstance(result, planner.Infeasible):
+        console.print(f"[bold red]{name}: infeasible ({result.reason})[/] {result.message}")
+        for key, value in result.closest.items():
+            console.print(f"  closest feasible {key}: {value:g}")
+        return
+    table = Table(title=f"{name}: {spec.model.name} on {spec.accelerator.type} ({spec.runtime.engine})")
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    sp, pr = result.speculation, result.predicted
+    rows = [("GPUs per replica / TP", f"{result.gpus_per_replica} / {result.tensor_parallel_size}"),
+            ("weights", f"{result.weights_bytes / 1e9:.1f} GB"),
+            ("KV per token", f"{result.kv_bytes_per_token / 1024:g} KiB"),
+            ("KV blocks x block size", f"{result.kv_cache_blocks} x {result.block_size}"),
+            ("max num seqs", str(result.max_num_seqs)),
+            ("max num batched tokens", str(result.max_num_batched_tokens)),
+            ("speculation", f"{'on' if sp.enabled else 'off'} ({sp.method or 'none'}, k={sp.k})"),
+            ("max batch for speculation", str(pr.max_batch_for_speculation)),
+            ("predicted TTFT p99", f"{pr.ttft_p99_ms:g} ms (target {spec.slo.ttft_p99_ms:g})"),
+            ("predicted ITL p99", f"{pr.itl_p99_ms:g} ms (target {spec.slo.itl_p99_ms:g})"),
+            ("tokens/s per replica", f"{pr.tokens_per_second_per_replica:g}"),
+            ("replicas", str(result.replicas))]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+
+
+def register_top_level(root: typer.Typer) -> None:
+    """Commands that sit at the top level (`specfleet plan`)."""
+    root.command("plan")(plan_cmd)

@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers (n-gram, draft model), lossless verification, live control."""

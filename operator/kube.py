@@ -1,0 +1,127 @@
+"""Thin Kubernetes I/O for the handlers: read, create-or-correct, and status patches, on plain dicts.
+
+Uses the `kubernetes` client with raw JSON in and out (no model classes), so what the renderer returns
+is exactly what is sent and compared. `apply` writes only when the live object drifted from the
+desired one (`is_subset`), which keeps reconciliation idempotent and cheap.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from specfleet.operator.api import GROUP, PLURAL, VERSION
+
+MERGE = "application/merge-patch+json"
+
+
+def is_subset(desired: Any, actual: Any) -> bool:
+    """True when every field of `desired` is present and equal in `actual` (server defaults ignored)."""
+    if isinstance(desired, dict):
+        return isinstance(actual, dict) and all(k in actual and is_subset(v, actual[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(actual, list) and len(desired) == len(actual)
+                and all(is_subset(d, a) for d, a in zip(desired, actual)))
+    if isinstance(desired, (int, float)) and isinstance(actual, (int, float)) and not isinstance(desired, bool):
+        return desired == actual
+    return desired == actual
+
+
+@dataclass
+class _Verbs:
+    read: Callable
+    create: Callable
+    patch: Callable
+    delete: Callable
+
+
+class Kube:
+    """Just the verbs the operator needs, over a kubernetes.client.ApiClient."""
+
+    def __init__(self, api_client):
+        from kubernetes import client
+
+        self.client = client
+        self.apps = client.AppsV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.verbs = {
+            "Deployment": _Verbs(self.apps.read_namespaced_deployment, self.apps.create_namespaced_deployment,
+                                 self.apps.patch_namespaced_deployment, self.apps.delete_namespaced_deployment),
+            "Service": _Verbs(self.core.read_namespaced_service, self.core.create_namespaced_service,
+                              self.core.patch_namespaced_service, self.core.delete_namespaced_service),
+            "PodDisruptionBudget": _Verbs(self.policy.read_namespaced_pod_disruption_budget,
+                                          self.policy.create_namespaced_pod_disruption_budget,
+                                          self.policy.patch_namespaced_pod_disruption_budget,
+                                          self.policy.delete_namespaced_pod_disruption_budget),
+            "Secret": _Verbs(self.core.read_namespaced_secret, self.core.create_namespaced_secret,
+                             self.core.patch_namespaced_secret, self.core.delete_namespaced_secret),
+        }
+
+    @classmethod
+    def from_environment(cls) -> "Kube":
+        """In-cluster service account if present, else KUBECONFIG / ~/.kube/config."""
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return cls(client.ApiClient())
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            response = self.verbs[kind].read(name, namespace, _preload_content=False)
+        except self.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return json.loads(response.data)
+
+    def apply(self, manifest: dict) -> str:
+        """Create, or merge-patch when drifted; returns "created" | "updated" | "unchanged"."""
+        kind, meta = manifest["kind"], manifest["metadata"]
+        live = self.get(kind, meta["namespace"], meta["name"])
+        if live is None:
+            try:
+                self.verbs[kind].create(meta["namespace"], manifest, _preload_content=False)
+                return "created"
+            except self.client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                live = self.get(kind, meta["namespace"], meta["name"]) or {}
+        if is_subset(manifest, live):
+            return "unchanged"
+        self.verbs[kind].patch(meta["name"], meta["namespace"], manifest, _content_type=MERGE,
+                               _preload_content=False)
+        return "updated"
+
+    def create_if_missing(self, manifest: dict) -> bool:
+        """Create an object unless one of that name exists (never overwrites); True when created."""
+        meta = manifest["metadata"]
+        if self.get(manifest["kind"], meta["namespace"], meta["name"]) is not None:
+            return False
+        try:
+            self.verbs[manifest["kind"]].create(meta["namespace"], manifest, _preload_content=False)
+        except self.client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        return True
+
+    def get_service(self, namespace: str, name: str) -> dict | None:
+        """The InferenceService object, or None when it is gone."""
+        try:
+            response = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                                _preload_content=False)
+        except self.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return json.loads(response.data)
+
+    def patch_service_status(self, namespace: str, name: str, status: dict) -> None:
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                          {"status": status}, _content_type=MERGE,
+                                                          _preload_content=False)

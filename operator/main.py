@@ -1,0 +1,29 @@
+"""Run the operator: kopf embedded in this process (`specfleet operator run`).
+
+Standalone (no peering objects), for one namespace, several, or the whole cluster. Credentials come
+from the in-cluster service account or KUBECONFIG.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def run(namespaces: list[str] | None = None, clusterwide: bool = False, liveness: str | None = None,
+        verbose: bool = False) -> None:
+    """Block running the operator until SIGINT/SIGTERM."""
+    import kopf
+
+    from specfleet.operator import handlers  # noqa: F401  (registers the handlers)
+
+    if not clusterwide and not namespaces:
+        raise ValueError("give namespaces or clusterwide=True")
+    kopf.configure(verbose=verbose)
+    kopf.run(standalone=True, clusterwide=clusterwide, namespaces=namespaces or [],
+             liveness_endpoint=liveness)
+
+
+if __name__ == "__main__":
+    # `python -m specfleet.operator.main run -n NS` == `specfleet operator run -n NS`
+    from specfleet.cli.operator_cmds import app
+
+    sys.exit(app())

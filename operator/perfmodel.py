@@ -1,0 +1,272 @@
+"""The performance model: memory, step time and speculation goodput of one engine replica.
+
+Plain arithmetic over plain dataclasses (DESIGN.md section 4), shared by the planner, the control loop
+and the fleet simulator. Nothing here knows about Kubernetes, catalogs or YAML.
+
+Units: bytes, seconds, FLOP/s; token counts are ints.
+
+    weights        = parameters x bytes(dtype)
+    kv_per_token   = 2 x layers x kv_heads x head_dim x bytes(kv_dtype)
+    KV pool        = GPU memory x utilization x TP - weights - activation reserve
+    T(B, ctx, q)   = max((weights + B.ctx.kv_per_token) / BW_eff, 2.params.B.q / FLOPS_eff) + t_fixed
+    E[tokens|a, k] = (1 - a^(k+1)) / (1 - a)
+    goodput(k, B)  = B . E / (T(B, ctx, k+1) + k . T_draft(B))
+
+`Calibration` (BW_eff, FLOPS_eff, t_fixed) is the only thing an online fit changes; `fit_calibration`
+fits it from observed step times.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+GiB = 1024 ** 3
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8": 1, "int8": 1}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name (`bfloat16` -> 2); raises KeyError on unknown names."""
+    return DTYPE_BYTES[dtype.lower()]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the model contributes to memory and compute."""
+
+    parameters: float
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int = 2
+    kv_dtype_bytes: int = 2
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Effective (achieved, not peak) numbers of one replica, all its GPUs together."""
+
+    bw_eff: float      # bytes/s of weights + KV streamed per decode step
+    flops_eff: float   # FLOP/s
+    t_fixed: float     # s per step: launch, sampling, scheduling
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One observed engine step, the input of `fit_calibration`."""
+
+    batch: int
+    ctx: int
+    q: int
+    seconds: float
+
+
+def weights_bytes(model: ModelShape) -> float:
+    return model.parameters * model.dtype_bytes
+
+
+def kv_bytes_per_token(model: ModelShape) -> int:
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.kv_dtype_bytes
+
+
+def activation_reserve_bytes(model: ModelShape, tp: int, per_gpu_overhead: float = 1 * GiB,
+                             token_budget: int = 8192) -> float:
+    """Memory kept out of the KV pool: runtime overhead per GPU plus activations of one full step."""
+    per_token = (2 * model.hidden_size + model.intermediate_size) * model.dtype_bytes
+    logits = 4 * model.vocab_size * 256
+    return tp * per_gpu_overhead + token_budget * per_token + logits
+
+
+def kv_pool_bytes(model: ModelShape, gpu_memory: float, utilization: float, tp: int,
+                  reserve: float | None = None) -> float:
+    """KV cache pool of a replica of `tp` GPUs; negative when the weights do not fit."""
+    reserve = activation_reserve_bytes(model, tp) if reserve is None else reserve
+    return gpu_memory * utilization * tp - weights_bytes(model) - reserve
+
+
+def kv_blocks(pool_bytes: float, block_size: int, kv_per_token: int) -> int:
+    """Whole KV blocks in a pool (0 when the pool is empty or negative)."""
+    return max(0, int(pool_bytes // (block_size * kv_per_token)))
+
+
+def step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, q: int = 1) -> float:
+    """Roofline time of one decode step: `batch` sequences at context `ctx`, `q` tokens each."""
+    memory = (weights_bytes(model) + batch * ctx * kv_bytes_per_token(model)) / cal.bw_eff
+    compute = 2 * model.parameters * batch * q / cal.flops_eff
+    return max(memory, compute) + cal.t_fixed
+
+
+def mixed_step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, tokens: int) -> float:
+    """A chunked-prefill step: `batch` decodes at `ctx` plus prefill, `tokens` in all."""
+    memory = (weights_bytes(model) + batch * ctx * kv_bytes_per_token(model)) / cal.bw_eff
+    compute = 2 * model.parameters * max(tokens, batch) / cal.flops_eff
+    return max(memory, compute) + cal.t_fixed
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[tokens per step] with acceptance `alpha` and depth `k` (k = 0: exactly one token)."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+DraftTime = Callable[[int], float]   # batch -> seconds for one draft token of every sequence
+
+
+def no_draft_cost(_batch: int) -> float:
+    """n-gram drafting runs on the host, overlapped with the step: free in this model."""
+    return 0.0
+
+
+def draft_time_fn(draft: ModelShape, cal: Calibration, ctx: int) -> DraftTime:
+    """T_draft(B) of a small draft model sharing the target's hardware."""
+    return lambda batch: step_time(draft, cal, batch, ctx, 1)
+
+
+def spec_step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, k: int,
+                   draft: DraftTime = no_draft_cost) -> float:
+    """Wall time of one speculative step: k draft tokens, then one verify pass of k+1 tokens."""
+    return step_time(model, cal, batch, ctx, k + 1) + k * draft(batch)
+
+
+def goodput(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: float, k: int,
+            draft: DraftTime = no_draft_cost) -> float:
+    """Accepted tokens per second of a replica at batch `batch` (k = 0: speculation off)."""
+    return batch * expected_tokens(alpha, k) / spec_step_time(model, cal, batch, ctx, k, draft)
+
+
+def best_k(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: float, max_k: int,
+           draft: DraftTime = no_draft_cost) -> int:
+    """k* maximising goodput at `batch`; 0 when speculation does not pay."""
+    rates = [goodput(model, cal, batch, ctx, alpha, k, draft) for k in range(max_k + 1)]
+    best = max(range(len(rates)), key=lambda k: (rates[k], -k))
+    return best if rates[best] > rates[0] * (1 + 1e-9) else 0
+
+
+def max_batch_for_speculation(model: ModelShape, cal: Calibration, ctx: int, alpha: float,
+                              max_k: int, limit: int = 4096, draft: DraftTime = no_draft_cost) -> int:
+    """Largest batch at which k* > 0 (0 when speculation never pays), searched up to `limit`.
+
+    The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound),
+    so the crossover is found by doubling then bisection.
+    """
+    def pays(b: int) -> bool:
+        return best_k(model, cal, b, ctx, alpha, max_k, draft) > 0
+
+    if max_k <= 0 or not pays(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and pays(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        return limit if pays(limit) else _bisect(pays, lo, limit)
+    return _bisect(pays, lo, hi)
+
+
+def _bisect(pays: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Largest b in [lo, hi) with pays(b), given pays(lo) and not pays(hi)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if pays(mid) else (lo, mid)
+    return lo
+
+
+def max_num_seqs(model: ModelShape, cal: Calibration, ctx: int, itl_s: float, pool_bytes: float,
+                 limit: int = 1024) -> int:
+    """Largest B with T(B, ctx, 1) <= ITL and B.ctx.kv_per_token within the pool (0: none)."""
+    by_memory = int(max(pool_bytes, 0) // (ctx * kv_bytes_per_token(model)))
+    cap = min(by_memory, limit)
+    if cap < 1 or step_time(model, cal, 1, ctx) > itl_s:
+        return 0
+    fits = lambda b: step_time(model, cal, b, ctx) <= itl_s  # noqa: E731
+    return cap if fits(cap) else _bisect(fits, 1, cap)
+
+
+def prefill_time(model: ModelShape, cal: Calibration, prompt: int, chunk: int, batch: int, ctx: int) -> float:
+    """Time to prefill `prompt` tokens in chunks of `chunk` tokens, each step also decoding `batch`."""
+    room = max(chunk - batch, 1)
+    return math.ceil(prompt / room) * mixed_step_time(model, cal, batch, ctx, chunk)
+
+
+def token_budget(model: ModelShape, cal: Calibration, batch: int, ctx: int, prompt: int,
+                 itl_s: float, ttft_s: float, limit: int = 16384) -> int:
+    """Largest chunk C (a multiple of 16, >= batch + 16) keeping a mixed step within the ITL target.
+
+    Returns 0 when no chunk keeps the ITL target, or when even the largest one misses the TTFT target.
+    """
+    floor = _round_up(batch + 16, 16)
+    if mixed_step_time(model, cal, batch, ctx, floor) > itl_s:
+        return 0
+    fits = lambda c: mixed_step_time(model, cal, batch, ctx, c * 16) <= itl_s  # noqa: E731
+    top = limit // 16
+    chunk = 16 * (top if fits(top) else _bisect(fits, floor // 16, top))
+    return chunk if prefill_time(model, cal, prompt, chunk, batch, ctx) <= ttft_s else 0
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def fit_calibration(samples: Sequence[StepSample], model: ModelShape, prior: Calibration,
+                    rounds: int = 4) -> Calibration:
+    """Fit BW_eff, FLOPS_eff and t_fixed to observed step times.
+
+    Each round labels every sample memory- or compute-bound under the current fit, then solves
+    t = t_fixed + bytes/BW (least squares) on the memory-bound ones and FLOPS from the compute-bound
+    ones. Parameters without evidence keep the prior's value.
+    """
+    cal = prior
+    for _ in range(rounds):
+        memory, compute = _split_by_bound(samples, model, cal)
+        cal = _fit_memory(memory, model, cal)
+        cal = _fit_compute(compute, model, cal)
+    return cal
+
+
+def _bytes(model: ModelShape, s: StepSample) -> float:
+    return weights_bytes(model) + s.batch * s.ctx * kv_bytes_per_token(model)
+
+
+def _flops(model: ModelShape, s: StepSample) -> float:
+    return 2 * model.parameters * s.batch * s.q
+
+
+def _split_by_bound(samples: Iterable[StepSample], model: ModelShape, cal: Calibration):
+    memory, compute = [], []
+    for s in samples:
+        bound = memory if _bytes(model, s) / cal.bw_eff >= _flops(model, s) / cal.flops_eff else compute
+        bound.append(s)
+    return memory, compute
+
+
+def _fit_memory(samples: list[StepSample], model: ModelShape, cal: Calibration) -> Calibration:
+    xs = [_bytes(model, s) for s in samples]
+    ys = [s.seconds for s in samples]
+    if len(set(xs)) < 2:
+        return cal
+    slope, intercept = _least_squares(xs, ys)
+    if slope <= 0:
+        return cal
+    return Calibration(bw_eff=1 / slope, flops_eff=cal.flops_eff, t_fixed=max(intercept, 0.0))
+
+
+def _fit_compute(samples: list[StepSample], model: ModelShape, cal: Calibration) -> Calibration:
+    rates = [_flops(model, s) / (s.seconds - cal.t_fixed) for s in samples if s.seconds > cal.t_fixed]
+    if not rates:
+        return cal
+    return Calibration(bw_eff=cal.bw_eff, flops_eff=sum(rates) / len(rates), t_fixed=cal.t_fixed)
+
+
+def _least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    slope = sxy / sxx
+    return slope, my - slope * mx

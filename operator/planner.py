@@ -1,0 +1,263 @@
+"""The SLO planner: an InferenceService spec plus the catalogs -> a Plan, or Infeasible with a reason.
+
+Pure: no I/O, no clock, no Kubernetes. For each tensor-parallel size the accelerator allows it sizes
+the KV pool, the largest batch whose decode step meets the ITL target, the largest prefill chunk that
+keeps mixed steps within the ITL target while the prompt still prefills within the TTFT target, and the
+speculation depth that maximises goodput at the expected batch. It keeps the size with the best
+throughput per GPU. When no size meets the SLO it says why, with the closest numbers that would work.
+
+Planning assumes the declared `minAcceptanceRate` as the acceptance rate (the controller turns
+speculation off below it, so it is the worst acceptance the plan will ever run with), and sizes decode
+steps at the end-of-request context `promptTokens + outputTokens`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from specfleet.operator import perfmodel as pm
+from specfleet.operator.api import Architecture, InferenceServiceSpec
+from specfleet.operator.catalogs import Gpu, GpuCatalog, ModelCatalog
+
+BLOCK_SIZE = 16
+GPU_MEMORY_UTILIZATION = 0.90
+TP_SIZES = (1, 2, 4, 8)
+BATCH_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class SpeculationPlan:
+    enabled: bool
+    method: str | None      # None: speculation off for good (mode off)
+    k: int                  # depth to use when enabled
+
+
+@dataclass(frozen=True)
+class Prediction:
+    ttft_p99_ms: float
+    itl_p99_ms: float
+    tokens_per_second_per_replica: float
+    max_batch_for_speculation: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    accelerator: str
+    gpu_resource: str | None
+    gpus_per_replica: int
+    tensor_parallel_size: int
+    block_size: int
+    kv_cache_blocks: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    speculation: SpeculationPlan
+    predicted: Prediction
+    replicas: int
+    weights_bytes: float
+    kv_bytes_per_token: int
+    warnings: tuple[str, ...] = ()     # an SLO or load the plan cannot fully honour
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    reason: str                         # CamelCase, for the Degraded condition
+    message: str
+    closest: dict[str, float] = field(default_factory=dict)   # nearest SLO values that would plan
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """Everything fixed by one (model, GPU, TP) choice before speculation and replicas."""
+
+    shape: pm.ModelShape
+    cal: pm.Calibration
+    tp: int
+    blocks: int
+    batch: int
+    chunk: int
+    ctx: int
+
+
+def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog) -> Plan | Infeasible:
+    """Plan one InferenceService; never raises for a valid spec."""
+    gpu = gpus.get(spec.accelerator.type)
+    if gpu is None:
+        return Infeasible("UnknownAccelerator", f"accelerator {spec.accelerator.type!r} is not in the GPU "
+                          f"catalog ({', '.join(sorted(gpus))})")
+    arch = models.lookup(spec.model)
+    if arch is None:
+        return Infeasible("UnknownModel", f"model {spec.model.source!r} is not in the model catalog; "
+                          "set spec.model.architecture")
+    draft = _draft_time(spec, models, gpu)
+    if isinstance(draft, Infeasible):
+        return draft
+    shape = model_shape(arch, spec.model.dtype)
+    results = [_size(spec, shape, gpu, tp) for tp in tp_candidates(spec, arch, gpu)]
+    sized = [r for r in results if isinstance(r, _Sizing)]
+    if not sized:
+        return results[-1] if results else _no_tp(spec, arch, gpu)
+    best = max(sized, key=lambda s: (_throughput(s) / s.tp, -s.tp))
+    return _finish(spec, gpu, best, draft)
+
+
+def model_shape(arch: Architecture, dtype: str) -> pm.ModelShape:
+    size = pm.dtype_bytes(dtype)
+    return pm.ModelShape(parameters=arch.parameters, num_layers=arch.num_layers, hidden_size=arch.hidden_size,
+                         num_attention_heads=arch.num_attention_heads, num_kv_heads=arch.num_kv_heads,
+                         head_dim=arch.head_dim, intermediate_size=arch.intermediate_size,
+                         vocab_size=arch.vocab_size, dtype_bytes=size, kv_dtype_bytes=size)
+
+
+def tp_candidates(spec: InferenceServiceSpec, arch: Architecture, gpu: Gpu) -> list[int]:
+    """Tensor-parallel sizes to try: the fixed count, or the powers of two the heads divide by."""
+    if gpu.resource is None:
+        return [1]
+    if spec.runtime.engine == "specfleet":
+        return [1] if spec.accelerator.count in (None, 1) else []
+    if spec.accelerator.count is not None:
+        return [spec.accelerator.count]
+    return [tp for tp in TP_SIZES if tp <= gpu.max_per_node and arch.num_attention_heads % tp == 0]
+
+
+def _no_tp(spec: InferenceServiceSpec, arch: Architecture, gpu: Gpu) -> Infeasible:
+    if spec.runtime.engine == "specfleet":
+        return Infeasible("TensorParallelUnsupported", "the specfleet engine runs one GPU per replica; "
+                          "set accelerator.count to 1 or auto, or use runtime.engine: vllm")
+    return Infeasible("NoTensorParallelSize", f"{arch.num_attention_heads} attention heads split evenly over "
+                      f"no GPU count up to {gpu.max_per_node}")
+
+
+def _size(spec: InferenceServiceSpec, shape: pm.ModelShape, gpu: Gpu, tp: int) -> _Sizing | Infeasible:
+    slo, kv = spec.slo, pm.kv_bytes_per_token(shape)
+    pool = pm.kv_pool_bytes(shape, gpu.memory_bytes, GPU_MEMORY_UTILIZATION, tp)
+    blocks = pm.kv_blocks(pool, BLOCK_SIZE, kv)
+    if blocks * BLOCK_SIZE < slo.max_context_tokens:
+        return _memory_infeasible(spec, shape, gpu, tp, blocks)
+    cal, ctx = gpu.calibration(tp), min(slo.prompt_tokens + slo.output_tokens, slo.max_context_tokens)
+    itl, ttft = slo.itl_p99_ms / 1000, slo.ttft_p99_ms / 1000
+    batch = pm.max_num_seqs(shape, cal, ctx, itl, blocks * BLOCK_SIZE * kv, limit=BATCH_LIMIT)
+    if batch == 0:
+        floor = pm.step_time(shape, cal, 1, ctx) * 1000
+        return Infeasible("ITLUnreachable", f"one sequence's decode step takes {floor:.1f} ms on {tp}x "
+                          f"{gpu.name}, above the {slo.itl_p99_ms:g} ms ITL target", {"itlP99Ms": _up(floor)})
+    chunked = _largest_batch_with_chunk(shape, cal, batch, ctx, slo.prompt_tokens, itl, ttft)
+    if chunked is None:
+        return _ttft_infeasible(spec, shape, cal, gpu, tp, ctx)
+    return _Sizing(shape, cal, tp, blocks, chunked[0], chunked[1], ctx)
+
+
+def _largest_batch_with_chunk(shape, cal, batch, ctx, prompt, itl, ttft) -> tuple[int, int] | None:
+    """Largest batch <= `batch` leaving room for a prefill chunk that meets both targets."""
+    def budget(b: int) -> int:
+        return pm.token_budget(shape, cal, b, ctx, prompt, itl, ttft)
+
+    if budget(1) == 0:
+        return None
+    lo, hi = 1, batch + 1
+    if budget(batch) > 0:
+        return batch, budget(batch)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if budget(mid) > 0 else (lo, mid)
+    return lo, budget(lo)
+
+
+def _memory_infeasible(spec, shape, gpu, tp, blocks) -> Infeasible:
+    weights = pm.weights_bytes(shape) / 1e9
+    fits = blocks * BLOCK_SIZE
+    closest = {"maxContextTokens": float(fits)} if fits >= 16 else {}
+    return Infeasible("InsufficientMemory", f"weights {weights:.1f} GB leave room for {fits} KV tokens on {tp}x "
+                      f"{gpu.name}, fewer than maxContextTokens {spec.slo.max_context_tokens}", closest)
+
+
+def _ttft_infeasible(spec, shape, cal, gpu, tp, ctx) -> Infeasible:
+    slo = spec.slo
+    chunk = pm.token_budget(shape, cal, 1, ctx, slo.prompt_tokens, slo.itl_p99_ms / 1000, math.inf)
+    if chunk == 0:
+        step = pm.mixed_step_time(shape, cal, 1, ctx, 32) * 1000
+        return Infeasible("ITLUnreachable", f"a decode step carrying a prefill chunk takes {step:.1f} ms on "
+                          f"{tp}x {gpu.name}, above the {slo.itl_p99_ms:g} ms ITL target", {"itlP99Ms": _up(step)})
+    best = pm.prefill_time(shape, cal, slo.prompt_tokens, chunk, 1, ctx) * 1000
+    return Infeasible("TTFTUnreachable", f"prefilling {slo.prompt_tokens} prompt tokens takes at least "
+                      f"{best:.0f} ms on {tp}x {gpu.name} within the ITL target, above the "
+                      f"{slo.ttft_p99_ms:g} ms TTFT target", {"ttftP99Ms": _up(best)})
+
+
+def _up(ms: float) -> float:
+    """Round a closest-feasible millisecond value up to one decimal."""
+    return math.ceil(ms * 10) / 10
+
+
+def _draft_time(spec: InferenceServiceSpec, models: ModelCatalog, gpu: Gpu):
+    """T_draft(B) builder for the speculation method, or Infeasible for an unknown draft model."""
+    sp = spec.speculation
+    if sp.mode == "off" or sp.method == "ngram" or sp.draft_model is None:
+        return None
+    arch = models.lookup(sp.draft_model)
+    if arch is None:
+        return Infeasible("UnknownDraftModel", f"draft model {sp.draft_model.source!r} is not in the model "
+                          "catalog; set speculation.draftModel.architecture")
+    return model_shape(arch, sp.draft_model.dtype)
+
+
+def _throughput(s: _Sizing) -> float:
+    return s.batch / pm.step_time(s.shape, s.cal, s.batch, s.ctx)
+
+
+def _finish(spec: InferenceServiceSpec, gpu: Gpu, s: _Sizing, draft_shape) -> Plan:
+    slo, sp = spec.slo, spec.speculation
+    draft = pm.draft_time_fn(draft_shape, s.cal, s.ctx) if draft_shape is not None else pm.no_draft_cost
+    ttft_s = pm.prefill_time(s.shape, s.cal, slo.prompt_tokens, s.chunk, s.batch, s.ctx)
+    itl_s = pm.mixed_step_time(s.shape, s.cal, s.batch, s.ctx, s.chunk)
+    replicas, warnings, op_batch = _load(spec, s.batch, ttft_s + slo.output_tokens * itl_s)
+    mbs = pm.max_batch_for_speculation(s.shape, s.cal, s.ctx, sp.min_acceptance_rate, sp.max_speculative_tokens,
+                                       limit=4 * BATCH_LIMIT, draft=draft) if sp.mode != "off" else 0
+    spec_plan = _speculation(spec, s, op_batch, draft)
+    if spec_plan.enabled:
+        spec_step = pm.spec_step_time(s.shape, s.cal, op_batch, s.ctx, spec_plan.k, draft)
+        itl_s = max(itl_s, spec_step)
+        if spec_step * 1000 > slo.itl_p99_ms:
+            warnings += (f"speculation forced on: a k={spec_plan.k} step takes {spec_step * 1000:.1f} ms, "
+                         f"above the {slo.itl_p99_ms:g} ms ITL target",)
+    k_at_max = spec_plan.k if spec_plan.enabled and s.batch <= mbs else 0
+    tps = pm.goodput(s.shape, s.cal, s.batch, s.ctx, sp.min_acceptance_rate, k_at_max, draft)
+    return Plan(accelerator=gpu.name, gpu_resource=gpu.resource, gpus_per_replica=s.tp, tensor_parallel_size=s.tp,
+                block_size=BLOCK_SIZE, kv_cache_blocks=s.blocks, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+                max_num_seqs=s.batch, max_num_batched_tokens=s.chunk, speculation=spec_plan,
+                predicted=Prediction(round(ttft_s * 1000, 1), round(itl_s * 1000, 1), round(tps, 1), mbs),
+                replicas=replicas, weights_bytes=pm.weights_bytes(s.shape),
+                kv_bytes_per_token=pm.kv_bytes_per_token(s.shape), warnings=warnings)
+
+
+def _load(spec: InferenceServiceSpec, batch: int, per_request_s: float) -> tuple[int, tuple[str, ...], int]:
+    """Replicas for the declared load (Little's law), their warnings, and the expected batch per replica."""
+    in_flight = spec.slo.requests_per_second * per_request_s
+    replicas, warnings = _replicas(spec, max(1, math.ceil(in_flight / batch)))
+    return replicas, warnings, max(1, min(batch, math.ceil(in_flight / max(replicas, 1))))
+
+
+def _replicas(spec: InferenceServiceSpec, needed: int) -> tuple[int, tuple[str, ...]]:
+    """Initial replicas for the declared load: fixed `spec.replicas`, else `needed` within min/max."""
+    auto = spec.autoscaling
+    fixed = spec.replicas
+    if fixed is not None:
+        short = fixed < needed
+        return fixed, ((f"the declared load needs {needed} replicas, spec.replicas is {fixed}",) if short else ())
+    replicas = min(max(needed, auto.min_replicas), auto.max_replicas)
+    if needed > auto.max_replicas:
+        return replicas, (f"the declared load needs {needed} replicas, maxReplicas is {auto.max_replicas}",)
+    return replicas, ()
+
+
+def _speculation(spec: InferenceServiceSpec, s: _Sizing, op_batch: int, draft) -> SpeculationPlan:
+    sp, itl = spec.speculation, spec.slo.itl_p99_ms / 1000
+    if sp.mode == "off":
+        return SpeculationPlan(False, None, 0)
+    k_at = lambda b: pm.best_k(s.shape, s.cal, b, s.ctx, sp.min_acceptance_rate,  # noqa: E731
+                               sp.max_speculative_tokens, draft)
+    k_op = k_at(op_batch)
+    if sp.mode == "on":
+        return SpeculationPlan(True, sp.method, max(1, k_op or k_at(1)))
+    fits = k_op > 0 and pm.spec_step_time(s.shape, s.cal, op_batch, s.ctx, k_op, draft) <= itl
+    return SpeculationPlan(fits, sp.method, k_op if fits else k_at(1))

@@ -1,0 +1,125 @@
+"""Status of an InferenceService: Plan / Infeasible / invalid spec / rollout -> a status patch.
+
+Pure: the caller passes the previous conditions and the time, so a condition keeps its
+`lastTransitionTime` until its status actually changes. Condition types are Ready, Progressing,
+Degraded, SLOMet and SpeculationActive (DESIGN.md section 2).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from specfleet.operator.api import Condition
+from specfleet.operator.planner import Infeasible, Plan
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+
+def plan_dict(plan: Plan) -> dict:
+    """`status.plan` exactly as the CRD declares it."""
+    sp, pr = plan.speculation, plan.predicted
+    return {"gpusPerReplica": plan.gpus_per_replica, "tensorParallelSize": plan.tensor_parallel_size,
+            "blockSize": plan.block_size, "kvCacheBlocks": plan.kv_cache_blocks,
+            "gpuMemoryUtilization": plan.gpu_memory_utilization, "maxNumSeqs": plan.max_num_seqs,
+            "maxNumBatchedTokens": plan.max_num_batched_tokens,
+            "speculation": {"enabled": sp.enabled, "method": sp.method or "none", "k": sp.k},
+            "predicted": {"ttftP99Ms": pr.ttft_p99_ms, "itlP99Ms": pr.itl_p99_ms,
+                          "tokensPerSecondPerReplica": pr.tokens_per_second_per_replica,
+                          "maxBatchForSpeculation": pr.max_batch_for_speculation}}
+
+
+def planned(result: Plan | Infeasible, generation: int, selector: str, previous: Sequence[dict],
+            now: str) -> dict:
+    """The status patch after planning (and, for a Plan, applying) generation `generation`."""
+    if isinstance(result, Infeasible):
+        return _infeasible(result, generation, selector, previous, now)
+    conditions = [_degraded(result), _slo_pending(result), _speculation(result),
+                  Condition("Progressing", TRUE, "Reconciled", f"rendered plan for generation {generation}")]
+    return {"observedGeneration": generation, "phase": "Progressing", "plan": plan_dict(result),
+            "desiredReplicas": result.replicas, "selector": selector,
+            "conditions": merge_conditions(previous, conditions, now, generation)}
+
+
+def invalid(errors: Iterable[str], generation: int, previous: Sequence[dict], now: str) -> dict:
+    """The status patch for a spec that breaks the CRD's rules (a cluster without CEL let it in)."""
+    message = "; ".join(errors)
+    conditions = [Condition("Degraded", TRUE, "InvalidSpec", message),
+                  Condition("Ready", FALSE, "InvalidSpec", "the spec is invalid; nothing was changed"),
+                  Condition("Progressing", FALSE, "InvalidSpec", message)]
+    return {"observedGeneration": generation, "phase": "Failed",
+            "conditions": merge_conditions(previous, conditions, now, generation)}
+
+
+def rollout(desired: int, replicas: int, ready: int, previous: Sequence[dict], now: str,
+            generation: int | None = None) -> dict:
+    """Ready/Progressing from the Deployment's replica counts."""
+    degraded = _condition(previous, "Degraded")
+    failed = degraded is not None and degraded.get("status") == TRUE and degraded.get("reason") in (
+        "InvalidSpec", "Infeasible", "UnknownModel", "UnknownAccelerator")
+    done = ready >= desired and replicas == desired
+    conditions = [Condition("Ready", TRUE if done and ready > 0 else FALSE,
+                            "ReplicasReady" if done else "ReplicasNotReady", f"{ready}/{desired} replicas ready"),
+                  Condition("Progressing", FALSE if done else TRUE,
+                            "RolloutComplete" if done else "RollingOut", f"{ready}/{desired} replicas ready")]
+    phase = "Failed" if failed else ("Ready" if done and ready > 0 else "Progressing")
+    if done and degraded is not None and degraded.get("status") == TRUE and not failed:
+        phase = "Degraded"
+    return {"replicas": replicas, "readyReplicas": ready, "phase": phase,
+            "conditions": merge_conditions(previous, conditions, now, generation)}
+
+
+def merge_conditions(previous: Sequence[dict], updates: Iterable[Condition], now: str,
+                     generation: int | None) -> list[dict]:
+    """Previous conditions with `updates` applied; lastTransitionTime moves only on a status change."""
+    merged = {c["type"]: dict(c) for c in previous if "type" in c}
+    for cond in updates:
+        old = merged.get(cond.type)
+        changed = old is None or old.get("status") != cond.status
+        entry = {**cond.as_dict(), "lastTransitionTime": now if changed else old.get("lastTransitionTime", now)}
+        if generation is not None:
+            entry["observedGeneration"] = generation
+        elif old is not None and "observedGeneration" in old:
+            entry["observedGeneration"] = old["observedGeneration"]
+        merged[cond.type] = entry
+    return sorted(merged.values(), key=lambda c: _ORDER.get(c["type"], 99))
+
+
+_ORDER = {t: i for i, t in enumerate(("Ready", "Progressing", "Degraded", "SLOMet", "SpeculationActive"))}
+
+
+def _condition(conditions: Sequence[dict], kind: str) -> dict | None:
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+def _infeasible(result: Infeasible, generation: int, selector: str, previous: Sequence[dict], now: str) -> dict:
+    closest = ", ".join(f"{k}={v:g}" for k, v in result.closest.items())
+    message = result.message + (f"; closest feasible: {closest}" if closest else "")
+    conditions = [Condition("Degraded", TRUE, result.reason, message),
+                  Condition("SLOMet", FALSE, result.reason, message),
+                  Condition("Ready", FALSE, "Infeasible", "no plan meets the SLO; nothing was deployed"),
+                  Condition("Progressing", FALSE, "Infeasible", message),
+                  Condition("SpeculationActive", FALSE, "Infeasible", "no plan")]
+    return {"observedGeneration": generation, "phase": "Failed", "selector": selector,
+            "conditions": merge_conditions(previous, conditions, now, generation)}
+
+
+def _degraded(plan: Plan) -> Condition:
+    if plan.warnings:
+        return Condition("Degraded", TRUE, "CapacityLimited", "; ".join(plan.warnings))
+    return Condition("Degraded", FALSE, "PlanFeasible", "the plan meets the declared SLO")
+
+
+def _slo_pending(plan: Plan) -> Condition:
+    pr = plan.predicted
+    return Condition("SLOMet", UNKNOWN, "AwaitingMetrics",
+                     f"predicted TTFT p99 {pr.ttft_p99_ms:g} ms, ITL p99 {pr.itl_p99_ms:g} ms")
+
+
+def _speculation(plan: Plan) -> Condition:
+    sp, mbs = plan.speculation, plan.predicted.max_batch_for_speculation
+    if sp.method is None:
+        return Condition("SpeculationActive", FALSE, "Disabled", "speculation.mode is off")
+    if sp.enabled:
+        return Condition("SpeculationActive", TRUE, "Planned",
+                         f"{sp.method} k={sp.k}; pays up to batch {mbs}")
+    return Condition("SpeculationActive", FALSE, "NotPaying",
+                     f"{sp.method} pays up to batch {mbs}, below the expected batch; k={sp.k} when re-enabled")

@@ -1,0 +1,260 @@
+"""End to end: the real operator (`specfleet operator run`) as a subprocess against the API emulator,
+driven with kubectl and the kubernetes client.
+
+The tests share one emulator and one operator and run in file order (a story: apply, edit, drift,
+invalid, restart, delete).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("specfleet.cluster.apiserver", reason="the API emulator (specfleet.cluster.apiserver) "
+                    "is not available")
+from specfleet.cluster.apiserver import running_apiserver  # noqa: E402
+
+from specfleet.operator import api, catalogs, planner, render  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+NS = "e2e"
+CPU_EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
+
+
+def wait_for(probe, timeout: float = 20.0, every: float = 0.2):
+    """Poll `probe` until it returns something truthy; fail with its last value."""
+    deadline, value = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            value = probe()
+        except Exception as exc:  # noqa: BLE001  (the object may not exist yet)
+            value = exc
+        if value and not isinstance(value, Exception):
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out; last value: {value!r}")
+
+
+class Cluster:
+    """kubectl and the kubernetes client against one emulator."""
+
+    def __init__(self, kubeconfig: Path):
+        from kubernetes import client, config
+
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        api_client = config.new_client_from_config(str(kubeconfig))
+        self.apps = client.AppsV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.ApiException = client.ApiException
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([str(BIN / "kubectl"), *args], input=stdin, capture_output=True, text=True,
+                              env=self.env, timeout=30)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
+        return proc
+
+    def apply(self, doc: dict, check: bool = True) -> subprocess.CompletedProcess:
+        return self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc), check=check)
+
+    def service(self, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.PLURAL, name)
+
+    def deployment(self, name: str) -> dict | None:
+        try:
+            return self.apps.read_namespaced_deployment(name, NS, _preload_content=False).json()
+        except self.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def args(self, name: str) -> list[str] | None:
+        dep = self.deployment(name)
+        return dep and dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    def events(self, name: str) -> list[dict]:
+        items = self.core.list_namespaced_event(NS, _preload_content=False).json()["items"]
+        return [e for e in items if e.get("involvedObject", {}).get("name") == name]
+
+
+class Operator:
+    """`specfleet operator run --namespace e2e` as a child process."""
+
+    def __init__(self, env: dict, log: Path):
+        self.env, self.log, self.proc = env, log, None
+
+    def start(self) -> None:
+        command = [str(BIN / "specfleet"), "operator", "run", "--namespace", NS]
+        self.proc = subprocess.Popen(command, env=self.env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    with running_apiserver(tmp / "kubeconfig", port=0) as server:
+        c = Cluster(Path(server.kubeconfig))
+        c.kubectl("apply", "-f", str(ROOT / "crds/inferenceservice.yaml"))
+        c.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        wait_for(lambda: c.kubectl("get", "infsvc", "-n", NS, check=False).returncode == 0)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, tmp_path_factory):
+    op = Operator(cluster.env, tmp_path_factory.mktemp("operator") / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    print(op.log.read_text()[-4000:])
+
+
+def example(name: str, **slo) -> dict:
+    doc = yaml.safe_load(CPU_EXAMPLE.read_text())
+    doc["metadata"] = {"name": name, "namespace": NS}
+    doc["spec"]["slo"].update(slo)
+    return doc
+
+
+def expected_args(doc: dict) -> list[str]:
+    spec = api.parse_spec(doc["spec"])
+    plan = planner.plan(spec, catalogs.gpus(), catalogs.models())
+    deployment = render.render(doc["metadata"]["name"], NS, spec, plan)[0]
+    return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def condition(svc: dict, kind: str) -> dict:
+    return next((c for c in svc.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+def test_apply_creates_deployment_service_and_pdb_with_the_planned_args(cluster, operator):
+    doc = example("chat")
+    cluster.apply(doc)
+    assert wait_for(lambda: cluster.args("chat")) == expected_args(doc)
+    assert wait_for(lambda: cluster.core.read_namespaced_service("chat", NS)).spec.ports[0].port == 8000
+    assert wait_for(lambda: cluster.policy.read_namespaced_pod_disruption_budget("chat", NS)).spec.max_unavailable == 1
+    owner = cluster.deployment("chat")["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "InferenceService" and owner["name"] == "chat" and owner["controller"]
+    svc = wait_for(lambda: (s := cluster.service("chat")).get("status", {}).get("plan") and s)
+    assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]
+    assert svc["status"]["selector"] == "specfleet.io/inferenceservice=chat"
+    assert condition(svc, "Degraded")["status"] == "False"
+    assert wait_for(lambda: any(e["reason"] == "Planned" for e in cluster.events("chat")))
+
+
+def test_printer_columns_show_engine_and_conditions(cluster, operator):
+    out = cluster.kubectl("get", "infsvc", "chat", "-n", NS).stdout
+    header = out.splitlines()[0].split()
+    assert header[:3] == ["NAME", "ENGINE", "READY"] and "ACCEPT" in header
+    assert "specfleet" in out
+
+
+def test_ready_replicas_flow_into_status(cluster, operator):
+    cluster.kubectl("patch", "deployment", "chat", "-n", NS, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"replicas": 1, "readyReplicas": 1}}))
+    svc = wait_for(lambda: (s := cluster.service("chat"))["status"].get("readyReplicas") == 1 and s)
+    assert condition(svc, "Ready")["status"] == "True" and svc["status"]["replicas"] == 1
+    scale = cluster.custom.get_namespaced_custom_object_scale(api.GROUP, api.VERSION, NS, api.PLURAL, "chat")
+    assert scale["status"]["replicas"] == 1
+
+
+def test_editing_the_slo_changes_args_and_status(cluster, operator):
+    before = cluster.service("chat")
+    cluster.kubectl("patch", "infsvc", "chat", "-n", NS, "--type=merge",
+                    "-p", json.dumps({"spec": {"slo": {"itlP99Ms": 400}}}))
+    want = expected_args(example("chat", itlP99Ms=400))
+    assert want != expected_args(example("chat"))
+    assert wait_for(lambda: cluster.args("chat") == want)
+    after = wait_for(lambda: (s := cluster.service("chat"))["status"]["observedGeneration"]
+                     == s["metadata"]["generation"] and s)
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    assert after["status"]["plan"]["maxNumSeqs"] > before["status"]["plan"]["maxNumSeqs"]
+    assert after["spec"]["slo"]["itlP99Ms"] == 400          # the operator never rewrote the spec
+
+
+def test_a_deleted_deployment_is_recreated(cluster, operator):
+    uid = cluster.deployment("chat")["metadata"]["uid"]
+    cluster.kubectl("delete", "deployment", "chat", "-n", NS, "--wait=false")
+    recreated = wait_for(lambda: (d := cluster.deployment("chat")) and d["metadata"]["uid"] != uid and d)
+    assert recreated["spec"]["template"]["spec"]["containers"][0]["args"] == expected_args(example("chat", itlP99Ms=400))
+
+
+def test_drift_in_the_deployment_is_corrected(cluster, operator):
+    cluster.kubectl("patch", "deployment", "chat", "-n", NS, "--type=json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": ["--tampered"]}]))
+    assert wait_for(lambda: cluster.args("chat") == expected_args(example("chat", itlP99Ms=400)))
+
+
+def test_a_schema_invalid_service_is_rejected_by_the_api(cluster, operator):
+    doc = example("bad-engine")
+    doc["spec"]["runtime"]["engine"] = "tgi"
+    proc = cluster.apply(doc, check=False)
+    assert proc.returncode != 0 and "engine" in proc.stderr
+
+
+def test_a_cel_rule_violation_is_rejected_by_the_api(cluster, operator):
+    doc = example("bad-bounds")
+    doc["spec"]["autoscaling"] = {"minReplicas": 3, "maxReplicas": 2}
+    proc = cluster.apply(doc, check=False)
+    assert proc.returncode != 0 and "minReplicas must not exceed maxReplicas" in proc.stderr
+
+
+def test_an_infeasible_service_is_degraded_with_a_reason_and_the_operator_keeps_going(cluster, operator):
+    cluster.apply(example("too-fast", itlP99Ms=1))
+    svc = wait_for(lambda: (s := cluster.service("too-fast")) and condition(s, "Degraded").get("status") == "True"
+                   and s)
+    degraded = condition(svc, "Degraded")
+    assert degraded["reason"] == "ITLUnreachable" and "closest feasible" in degraded["message"]
+    assert cluster.deployment("too-fast") is None
+    assert wait_for(lambda: any(e["type"] == "Warning" and e["reason"] == "ITLUnreachable"
+                                for e in cluster.events("too-fast")))
+    cluster.apply(example("after-bad"))
+    assert wait_for(lambda: cluster.args("after-bad")) == expected_args(example("after-bad"))
+    assert operator.alive()
+
+
+def test_a_restarted_operator_resumes_and_applies_changes_made_while_down(cluster, operator):
+    operator.stop()
+    cluster.kubectl("patch", "infsvc", "after-bad", "-n", NS, "--type=merge",
+                    "-p", json.dumps({"spec": {"slo": {"itlP99Ms": 300}}}))
+    cluster.apply(example("while-down"))
+    time.sleep(0.5)
+    assert cluster.deployment("while-down") is None
+    operator.start()
+    assert wait_for(lambda: cluster.args("while-down")) == expected_args(example("while-down"))
+    assert wait_for(lambda: cluster.args("after-bad") == expected_args(example("after-bad", itlP99Ms=300)))
+    svc = wait_for(lambda: (s := cluster.service("after-bad"))["status"]["observedGeneration"]
+                   == s["metadata"]["generation"] and s)
+    assert svc["status"]["plan"]["maxNumSeqs"] > 0
+
+
+def test_deleting_the_service_collects_its_objects(cluster, operator):
+    cluster.kubectl("delete", "infsvc", "chat", "-n", NS)
+    assert wait_for(lambda: cluster.deployment("chat") is None)
+    assert wait_for(lambda: not cluster.core.list_namespaced_service(
+        NS, label_selector=render.selector_string("chat")).items)
+    assert wait_for(lambda: not cluster.policy.list_namespaced_pod_disruption_budget(
+        NS, label_selector=render.selector_string("chat")).items)
+    assert operator.alive()

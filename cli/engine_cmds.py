@@ -1,4 +1,4 @@
-"""`specfleet engine ...`: generate offline from a model, or serve it over HTTP."""
+"""`specfleet engine ...`: generate offline from a model, or serve it over HTTP (`serve`)."""
 from __future__ import annotations
 
 import time
@@ -50,3 +50,56 @@ def _as_chat(tokenizer, prompt: str) -> str:
         return prompt
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
+
+
+def _parse_bool(value: str, flag: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise typer.BadParameter(f"{flag} takes true or false, got {value!r}")
+
+
+@app.command()
+def serve(
+    model: str = typer.Option(..., help="Model folder (Hugging Face layout) or built-in model name."),
+    served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: --model)."),
+    host: str = typer.Option("0.0.0.0", help="Address to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    block_size: int = typer.Option(16, help="Tokens per KV-cache block."),
+    num_kv_blocks: Optional[int] = typer.Option(None, help="KV pool size in blocks (default: from memory)."),
+    gpu_memory_utilization: float = typer.Option(0.90, help="Share of GPU memory for weights + KV cache."),
+    max_num_seqs: int = typer.Option(128, help="Most sequences in one step."),
+    max_num_batched_tokens: int = typer.Option(2048, help="Token budget of one step."),
+    max_model_len: Optional[int] = typer.Option(None, help="Context length (default: the model's)."),
+    enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching",
+                                               help="Share KV blocks of common prompt prefixes."),
+    speculative_method: Optional[str] = typer.Option(None, help="ngram or draft (default: no speculation)."),
+    draft_model: Optional[str] = typer.Option(None, help="Draft model folder for --speculative-method draft."),
+    num_speculative_tokens: int = typer.Option(0, help="Speculation depth k (0: the engine default)."),
+    speculation_enabled: str = typer.Option("true", help="true or false: speculation on at start-up."),
+    admin_token_file: Optional[str] = typer.Option(None, help="File with the admin API bearer token."),
+    max_waiting_requests: int = typer.Option(1024, help="Waiting-queue bound; past it requests get 429."),
+    drain_timeout: float = typer.Option(30.0, help="Seconds in-flight requests get to finish on SIGTERM."),
+    dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    seed: int = typer.Option(0, help="Engine seed."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API with Prometheus metrics and an admin API."""
+    from specfleet.engine.config import EngineConfig
+    from specfleet.engine.server.serve import run_server
+
+    try:
+        config = EngineConfig(
+            model=model, served_model_name=served_model_name, block_size=block_size, num_kv_blocks=num_kv_blocks,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching, speculative_method=speculative_method,
+            draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
+            speculation_enabled=_parse_bool(speculation_enabled, "--speculation-enabled"),
+            max_waiting_requests=max_waiting_requests, dtype=dtype, device=device, seed=seed)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    run_server(config, host, port, admin_token_file, drain_timeout, log_level)

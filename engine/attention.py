@@ -52,6 +52,8 @@ def _causal_context_mask(context_lens: torch.Tensor, query_len: int, num_keys: i
 class TorchPagedAttention:
     """Reference paged attention in plain torch: the CPU path and the kernels' test oracle."""
 
+    write_kv = staticmethod(write_kv)      # each backend brings its own cache write
+
     def __init__(self, scale: float) -> None:
         self.scale = scale
 
@@ -66,12 +68,37 @@ class TorchPagedAttention:
     def _group(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                group: AttentionGroup) -> torch.Tensor:
         n, t = group.num_seqs, group.query_len
-        max_blocks = int((group.context_lens.max().item() + k_cache.shape[1] - 1) // k_cache.shape[1])
-        tables = group.block_tables[:, :max_blocks]
-        keys = k_cache[tables].flatten(1, 2).transpose(1, 2)       # [n, kv_heads, keys, head_dim]
-        values = v_cache[tables].flatten(1, 2).transpose(1, 2)
-        queries = q.view(n, t, *q.shape[1:]).transpose(1, 2)       # [n, q_heads, t, head_dim]
-        mask = _causal_context_mask(group.context_lens, t, keys.shape[2])
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale,
-                                             enable_gqa=queries.shape[1] != keys.shape[1])
-        return out.transpose(1, 2).reshape(n * t, *q.shape[1:])
+        keys, values = _gather_context(k_cache, group), _gather_context(v_cache, group)   # [n, L, kv, d]
+        mask = _causal_context_mask(group.context_lens, t, keys.shape[1])
+        queries = q.view(n, t, *q.shape[1:])
+        attend = _short_query_attention if t <= SHORT_QUERY else _sdpa_attention
+        return attend(queries, keys, values, mask, self.scale).reshape(n * t, *q.shape[1:])
+
+
+SHORT_QUERY = 16     # decodes and verifications: batched matmuls beat SDPA's flash kernel on CPU
+
+
+def _gather_context(cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    block_size = cache.shape[1]
+    num_blocks = int((group.context_lens.max().item() + block_size - 1) // block_size)
+    tables = group.block_tables[:, :num_blocks].reshape(-1)
+    rows = cache.view(cache.shape[0], -1).index_select(0, tables)
+    return rows.view(group.num_seqs, num_blocks * block_size, *cache.shape[2:])
+
+
+def _short_query_attention(q, k, v, mask, scale) -> torch.Tensor:
+    """q [n, t, hq, d], k/v [n, L, hkv, d] -> [n, t, hq, d] with GQA by reshaping, not repeating."""
+    n, t, hq, d = q.shape
+    hkv = k.shape[2]
+    qg = q.view(n, t, hkv, hq // hkv, d).permute(0, 2, 1, 3, 4).reshape(n, hkv, t * (hq // hkv), d)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale                    # [n, hkv, t*g, L]
+    visible = mask.view(n, 1, t, 1, -1).expand(n, 1, t, hq // hkv, mask.shape[-1]).reshape(n, 1, -1, mask.shape[-1])
+    probs = scores.masked_fill_(~visible, float("-inf")).softmax(dim=-1)
+    out = torch.matmul(probs, v.transpose(1, 2))                                  # [n, hkv, t*g, d]
+    return out.view(n, hkv, t, hq // hkv, d).permute(0, 2, 1, 3, 4)
+
+
+def _sdpa_attention(q, k, v, mask, scale) -> torch.Tensor:
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                         scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)

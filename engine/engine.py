@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from specfleet.engine.config import EngineConfig
+from specfleet.engine.cpu_tuning import keep_large_allocations_on_heap
 from specfleet.engine.kv.block_manager import BlockManager
 from specfleet.engine.model.loader import load_model
 from specfleet.engine.model_runner import ModelRunner, SampleRows, kv_bytes_per_block
@@ -50,6 +51,8 @@ class LLMEngine:
 
         self.config = config
         self.device = pick_device(config.device)
+        if self.device.type == "cpu":
+            keep_large_allocations_on_heap()
         self.dtype = pick_dtype(config.dtype, self.device)
         loaded = load_model(config.model, self.dtype, self.device, config.max_model_len)
         self.model_path = loaded.path

@@ -1,0 +1,263 @@
+"""AsyncEngine: one background thread owns the LLMEngine and steps it; asyncio handlers talk to it.
+
+Handlers submit commands (add, abort) to a thread-safe deque and wake the thread; the thread applies
+them between steps, steps while work remains, and hands each step's outputs back to the event loop
+with one `call_soon_threadsafe` per step. With nothing to do it sleeps on a `threading.Event`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+from specfleet.engine.engine import LLMEngine
+from specfleet.engine.outputs import RequestOutput
+from specfleet.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("specfleet.engine.server")
+IDLE_WAIT_S = 0.5
+
+
+class EngineDead(RuntimeError):
+    """The stepping thread stopped on an error; the server can no longer generate."""
+
+
+@dataclass
+class SubRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class RequestStream:
+    """The outputs of one HTTP request (n sub-requests), in the order the engine produced them."""
+    request_ids: list[str]
+    arrival: float                               # time.monotonic() when the HTTP request came in
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    unfinished: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.unfinished = set(self.request_ids)
+
+    @property
+    def finished(self) -> bool:
+        return not self.unfinished
+
+    def index(self, request_id: str) -> int:
+        return self.request_ids.index(request_id)
+
+    async def next(self) -> RequestOutput:
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item.finished:
+            self.unfinished.discard(item.request_id)
+        return item
+
+
+@dataclass
+class _Timing:
+    arrival: float
+    last_token: float | None = None
+
+
+@dataclass
+class _Add:
+    stream: RequestStream
+    items: list[SubRequest]
+    future: asyncio.Future
+
+
+@dataclass
+class EngineSnapshot:
+    """Gauges and counters copied by the stepping thread after each step, read by /metrics."""
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    stats: dict = field(default_factory=dict)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, observer: "RequestObserver | None" = None) -> None:
+        self.engine = engine
+        engine.detokenize_every_step = True
+        self.observer = observer or RequestObserver()
+        self._commands: deque = deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, RequestStream] = {}      # stepping thread only
+        self._timings: dict[str, _Timing] = {}            # stepping thread only
+        self.error: BaseException | None = None
+        self.snapshot = EngineSnapshot()
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._take_snapshot()
+        self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._commands) or self.snapshot.num_running + self.snapshot.num_waiting > 0
+
+    # ---- the asyncio side -----------------------------------------------------------------
+    async def add(self, items: list[SubRequest], arrival: float) -> RequestStream:
+        """Queue sub-requests all-or-nothing; raises what `add_request` raises (ValueError, EngineOverloaded)."""
+        if not self.alive:
+            raise EngineDead("the engine is not running")
+        stream = RequestStream([item.request_id for item in items], arrival)
+        future = asyncio.get_running_loop().create_future()
+        self._submit(_Add(stream, items, future))
+        await future
+        return stream
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._submit(("abort", list(request_ids)))
+
+    def abort_all(self) -> None:
+        self._submit(("abort_all",))
+
+    def _submit(self, command) -> None:
+        self._commands.append(command)
+        self._wake.set()
+
+    # ---- the stepping thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                self._apply_commands()
+                if self.engine.has_unfinished():
+                    self._step()
+                else:
+                    self._wake.wait(IDLE_WAIT_S)
+        except BaseException as exc:          # noqa: BLE001 - report, then fail every open stream
+            log.exception("engine step failed")
+            self.error = exc
+            self._fail_all(EngineDead(f"engine step failed: {exc!r}"))
+
+    def _step(self) -> None:
+        steps = self.engine.stats.steps
+        outputs = self.engine.step()
+        self._take_snapshot()
+        if outputs:
+            self._publish(outputs, time.monotonic())
+        elif self.engine.stats.steps == steps:
+            self._wake.wait(0.005)            # nothing schedulable (KV full): do not spin
+
+    def _apply_commands(self) -> None:
+        while self._commands:
+            command = self._commands.popleft()
+            if isinstance(command, _Add):
+                self._add(command)
+            elif command[0] == "abort":
+                self._abort(command[1])
+            else:
+                self._abort(list(self._streams))
+        self._take_snapshot()
+
+    def _add(self, command: _Add) -> None:
+        added: list[str] = []
+        try:
+            for item in command.items:
+                self.engine.add_request(item.request_id, item.prompt_ids, item.params, command.stream.arrival)
+                added.append(item.request_id)
+        except BaseException as exc:           # noqa: BLE001 - handed to the waiting handler
+            for request_id in added:
+                self.engine.abort(request_id)
+            self._resolve(command.future, exc)
+            return
+        for request_id in added:
+            self._streams[request_id] = command.stream
+            self._timings[request_id] = _Timing(command.stream.arrival)
+        self._resolve(command.future, None)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        outputs = [out for out in map(self.engine.abort, request_ids) if out is not None]
+        if outputs:
+            self._publish(outputs, time.monotonic())
+
+    def _publish(self, outputs: list[RequestOutput], now: float) -> None:
+        batch = []
+        for out in outputs:
+            self._observe(out, now)
+            stream = self._streams.get(out.request_id)
+            if out.finished:
+                self._streams.pop(out.request_id, None)
+            if stream is not None:
+                batch.append((stream, out))
+        if batch:
+            self._loop.call_soon_threadsafe(_deliver, batch)
+
+    def _observe(self, out: RequestOutput, now: float) -> None:
+        timing = self._timings.get(out.request_id)
+        if timing is None:
+            return
+        n = len(out.new_token_ids)
+        if n:
+            if timing.last_token is None:
+                self.observer.first_token(now - timing.arrival)
+                n -= 1
+            else:
+                self.observer.inter_token((now - timing.last_token) / n, n)
+            timing.last_token = now
+        if out.finished:
+            self._timings.pop(out.request_id, None)
+            self.observer.finished(out.finish_reason, now - timing.arrival)
+
+    def _resolve(self, future: asyncio.Future, exc: BaseException | None) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            future.set_exception(exc) if exc is not None else future.set_result(None)
+        self._loop.call_soon_threadsafe(settle)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        streams = {id(s): s for s in self._streams.values()}.values()
+        self._streams.clear()
+        for command in list(self._commands):
+            if isinstance(command, _Add):
+                self._resolve(command.future, exc)
+        if streams and self._loop is not None:
+            self._loop.call_soon_threadsafe(_deliver, [(s, exc) for s in streams])
+
+    def _take_snapshot(self) -> None:
+        e = self.engine
+        stats = dict(vars(e.stats))
+        stats["spec_accepted_by_position"] = list(e.stats.spec_accepted_by_position)
+        self.snapshot = EngineSnapshot(e.num_running, e.num_waiting, e.kv_cache_usage, stats)
+
+
+def _deliver(batch: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
+    for stream, item in batch:
+        stream.queue.put_nowait(item)
+
+
+class RequestObserver:
+    """Per-request latency hooks, called on the stepping thread (metrics implement them)."""
+
+    def first_token(self, ttft_s: float) -> None: ...
+
+    def inter_token(self, itl_s: float, count: int) -> None: ...
+
+    def finished(self, finish_reason: str | None, e2e_s: float) -> None: ...
+
+

@@ -1,0 +1,67 @@
+"""Run the server under uvicorn, with the drain Kubernetes rolling updates need.
+
+On SIGTERM: `/ready` turns 503, new generation requests get 503, in-flight ones run to completion
+(bounded by `drain_timeout_s`, after which they are aborted), then uvicorn shuts down and the process
+exits 0. A second SIGTERM, or SIGINT, stops at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvicorn
+
+from specfleet.engine.config import EngineConfig
+
+log = logging.getLogger("specfleet.engine.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if sig == signal.SIGTERM and self._drain_task is None and self._loop is not None and self.started:
+            log.info("SIGTERM: draining for up to %.0f s", self.drain_timeout_s)
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        if self._drain_task is None:
+            self._drain_task = self._loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        await self.state.drain(self.drain_timeout_s)
+        log.info("drained; shutting down")
+        self.should_exit = True
+
+
+def build_app(config: EngineConfig, admin_token_file: str | None = None):
+    """Load the model and build the app (returns the app and its shared ServerState)."""
+    from specfleet.engine.engine import LLMEngine
+    from specfleet.engine.server.admin import read_token_file
+    from specfleet.engine.server.app import create_app
+    from specfleet.engine.server.async_engine import AsyncEngine
+
+    token = read_token_file(admin_token_file) if admin_token_file else None
+    app = create_app(AsyncEngine(LLMEngine(config)), admin_token=token)
+    return app, app.state.server
+
+
+def run_server(config: EngineConfig, host: str = "0.0.0.0", port: int = 8000, admin_token_file: str | None = None,
+               drain_timeout_s: float = 30.0, log_level: str = "info") -> None:
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app, state = build_app(config, admin_token_file)
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+                               timeout_keep_alive=5, access_log=log_level == "debug")
+    DrainingServer(uv_config, state, drain_timeout_s).run()

@@ -8,7 +8,7 @@ block table. Backends (torch here, triton on CUDA) share `AttentionMetadata` and
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,26 @@ class AttentionGroup:
     query_len: int                # tokens per sequence in this group
     context_lens: torch.Tensor    # [num_seqs] cached + new tokens, i.e. keys visible to the last query
     block_tables: torch.Tensor    # [num_seqs, max_blocks]
+    max_context_len: int = 0
+    _mask: torch.Tensor | None = field(default=None, repr=False)
+    _bias: torch.Tensor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.max_context_len = self.max_context_len or int(self.context_lens.max().item())
+
+    def mask(self, num_keys: int) -> torch.Tensor:
+        """Visibility mask shared by all layers of the step, built on first use."""
+        if self._mask is None:
+            self._mask = _causal_context_mask(self.context_lens, self.query_len, num_keys)
+        return self._mask
+
+    def bias(self, heads_per_kv: int, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask [num_seqs, 1, heads_per_kv * query_len, num_keys] (0 or -inf), built on first use."""
+        if self._bias is None:
+            visible = self.mask(num_keys)
+            bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+            self._bias = bias.repeat(1, 1, heads_per_kv, 1)
+        return self._bias
 
 
 @dataclass
@@ -69,10 +89,12 @@ class TorchPagedAttention:
                group: AttentionGroup) -> torch.Tensor:
         n, t = group.num_seqs, group.query_len
         keys, values = _gather_context(k_cache, group), _gather_context(v_cache, group)   # [n, L, kv, d]
-        mask = _causal_context_mask(group.context_lens, t, keys.shape[1])
         queries = q.view(n, t, *q.shape[1:])
-        attend = _short_query_attention if t <= SHORT_QUERY else _sdpa_attention
-        return attend(queries, keys, values, mask, self.scale).reshape(n * t, *q.shape[1:])
+        if t <= SHORT_QUERY:
+            out = _short_query_attention(queries, keys, values, group, self.scale)
+        else:
+            out = _sdpa_attention(queries, keys, values, group.mask(keys.shape[1]), self.scale)
+        return out.reshape(n * t, *q.shape[1:])
 
 
 SHORT_QUERY = 16     # decodes and verifications: batched matmuls beat SDPA's flash kernel on CPU
@@ -80,22 +102,21 @@ SHORT_QUERY = 16     # decodes and verifications: batched matmuls beat SDPA's fl
 
 def _gather_context(cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
     block_size = cache.shape[1]
-    num_blocks = int((group.context_lens.max().item() + block_size - 1) // block_size)
+    num_blocks = (group.max_context_len + block_size - 1) // block_size
     tables = group.block_tables[:, :num_blocks].reshape(-1)
     rows = cache.view(cache.shape[0], -1).index_select(0, tables)
     return rows.view(group.num_seqs, num_blocks * block_size, *cache.shape[2:])
 
 
-def _short_query_attention(q, k, v, mask, scale) -> torch.Tensor:
-    """q [n, t, hq, d], k/v [n, L, hkv, d] -> [n, t, hq, d] with GQA by reshaping, not repeating."""
+def _short_query_attention(q, k, v, group: AttentionGroup, scale: float) -> torch.Tensor:
+    """q [n, t, hq, d], k/v [n, L, hkv, d] -> [n, t, hq, d]; GQA by grouping query heads, not repeating K/V."""
     n, t, hq, d = q.shape
-    hkv = k.shape[2]
-    qg = q.view(n, t, hkv, hq // hkv, d).permute(0, 2, 1, 3, 4).reshape(n, hkv, t * (hq // hkv), d)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale                    # [n, hkv, t*g, L]
-    visible = mask.view(n, 1, t, 1, -1).expand(n, 1, t, hq // hkv, mask.shape[-1]).reshape(n, 1, -1, mask.shape[-1])
-    probs = scores.masked_fill_(~visible, float("-inf")).softmax(dim=-1)
-    out = torch.matmul(probs, v.transpose(1, 2))                                  # [n, hkv, t*g, d]
-    return out.view(n, hkv, t, hq // hkv, d).permute(0, 2, 1, 3, 4)
+    hkv, g = k.shape[2], hq // k.shape[2]
+    grouped = q.view(n, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, g * t, d)
+    scores = torch.matmul(grouped, k.permute(0, 2, 3, 1))                       # [n, hkv, g*t, L]
+    scores.mul_(scale).add_(group.bias(g, k.shape[1], scores.dtype))
+    out = torch.matmul(scores.softmax(dim=-1), v.transpose(1, 2))                # [n, hkv, g*t, d]
+    return out.view(n, hkv, g, t, d).permute(0, 3, 1, 2, 4)
 
 
 def _sdpa_attention(q, k, v, mask, scale) -> torch.Tensor:

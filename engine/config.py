@@ -5,6 +5,7 @@ runtime from one plan.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,7 +26,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str = "auto"                       # auto: bf16 on CUDA, fp32 on CPU
     device: str = "auto"
-    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    # SPECFLEET_ATTENTION_BACKEND=triton (with TRITON_INTERPRET=1 on CPU) runs any suite on the kernels.
+    attention_backend: Literal["auto", "torch", "triton"] = field(
+        default_factory=lambda: os.environ.get("SPECFLEET_ATTENTION_BACKEND", "auto"))
     seed: int = 0
     free_block_watermark: float = 0.01        # share of blocks admission keeps free for running decodes
     max_waiting_requests: int = 1024

@@ -22,6 +22,9 @@ from specfleet.engine.sampling_params import SamplingParams
 from specfleet.engine.scheduler import Scheduler, SchedulerOutput
 from specfleet.engine.sequence import Sequence
 from specfleet.engine.spec.control import SpeculationControl, SpeculationNotConfigured  # noqa: F401
+from specfleet.engine.spec.draft import DraftProposer
+from specfleet.engine.spec.ngram import NgramProposer
+from specfleet.engine.spec.speculator import Speculator
 from specfleet.engine.stats import EngineStats, StepRecord
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,6 +77,8 @@ class LLMEngine:
         self.detokenize_every_step = False       # the server streams text; offline needs it at the end
         self.speculation = SpeculationControl(config.speculative_method, config.num_speculative_tokens,
                                               config.speculation_enabled, config.num_speculative_tokens)
+        self.speculator = self._build_speculator(num_blocks) if config.speculative_method else None
+        self._speculating = False
 
     # ---- sizing ---------------------------------------------------------------------------
     def _pool_blocks(self, model) -> int:
@@ -88,6 +93,14 @@ class LLMEngine:
         if budget < per_block:
             raise ValueError("no memory left for the KV cache; lower the model size or raise the memory share")
         return int(budget // per_block)
+
+    def _build_speculator(self, num_blocks: int) -> Speculator:
+        draft = None
+        if self.config.speculative_method == "draft":
+            draft = DraftProposer(self.config.draft_model, num_blocks + self.config.max_num_seqs,
+                                  self.config.block_size, self.dtype, self.device, self.vocab_size, self.max_model_len)
+        ngram = NgramProposer(self.config.ngram_min, self.config.ngram_max)
+        return Speculator(self.config.speculative_method, ngram, draft, self.vocab_size, self.max_model_len, self.stats)
 
     def _select_attention_backend(self, model) -> None:
         backend = self.config.attention_backend
@@ -146,7 +159,7 @@ class LLMEngine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return None
-        self.scheduler.finish(seq)
+        self._finish(seq)
         seq.finish_reason = "abort"
         return self._output(seq, [])
 
@@ -160,29 +173,55 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
+        k = self.speculation.active_k if self.speculator else 0
+        self._speculating = k > 0
+        drafted = self.speculator.propose(self.scheduler.running, k) if k else []
         scheduled = self.scheduler.schedule()
         self.stats.preemptions += len(scheduled.preempted)
+        self._drop_unscheduled_drafts(drafted, scheduled)
         if not scheduled.seqs:
             return []
         logits, rows = self.runner.execute(scheduled)
         for seq, n in zip(scheduled.seqs, scheduled.num_new_tokens):
             if not seq.spec_token_ids:
                 seq.num_computed_tokens += n
-        outputs = [self._advance(row, tokens, lp) for row, tokens, lp in self._sample(logits, rows)]
+        plain = [r for r in rows if r.num_rows == 1]
+        verifying = [r for r in rows if r.num_rows > 1]
+        sampled = self._sample(logits, plain) + self._verify(logits, verifying)
+        outputs = [self._advance(row, tokens, lp) for row, tokens, lp in sampled]
         for seq in scheduled.seqs:
             if not seq.is_finished:
                 self.block_manager.publish(seq)
-        self._record(scheduled, rows, time.perf_counter() - start)
+        self._record(scheduled, bool(verifying), time.perf_counter() - start)
         return outputs
+
+    def _drop_unscheduled_drafts(self, drafted: list[Sequence], scheduled: SchedulerOutput) -> None:
+        in_step = {id(s) for s in scheduled.seqs}
+        for seq in drafted:
+            if id(seq) not in in_step or not seq.spec_token_ids:
+                self.speculator.drop(seq)
+
+    def _verify(self, logits: torch.Tensor, rows: list[SampleRows]):
+        if not rows:
+            return []
+        picked = torch.cat([logits[r.first_row:r.first_row + r.num_rows] for r in rows])
+        verdict = self.speculator.verify([r.seq for r in rows], picked)
+        out = []
+        for row, accepted, tokens in zip(rows, verdict.num_accepted, verdict.tokens):
+            row.seq.num_computed_tokens += 1 + accepted
+            self.block_manager.trim(row.seq)
+            out.append((row, tokens, []))
+        return out
 
     def _sample(self, logits: torch.Tensor, rows: list[SampleRows]):
         if not rows:
             return []
         params = [r.seq.params for r in rows]
+        idx = torch.tensor([r.first_row for r in rows], device=logits.device)
         tensors = SamplingTensors.build(params, self.vocab_size, logits.device)
-        tokens = sample_tokens(logits, tensors, [r.seq.generator for r in rows])
+        tokens = sample_tokens(logits[idx], tensors, [r.seq.generator for r in rows])
         want_lp = [p.logprobs for p in params]
-        logprobs = token_logprobs(logits, tokens, want_lp) if any(n is not None for n in want_lp) else [None] * len(rows)
+        logprobs = token_logprobs(logits[idx], tokens, want_lp) if any(n is not None for n in want_lp) else [None] * len(rows)
         return [(row, [tok], [lp] if lp is not None else []) for row, tok, lp in zip(rows, tokens.tolist(), logprobs)]
 
     def _advance(self, row: SampleRows, tokens: list[int], logprobs: list[dict]) -> RequestOutput:
@@ -200,12 +239,19 @@ class LLMEngine:
                 break
         seq.output_logprobs += logprobs[:len(new)]
         self.stats.generation_tokens += len(new)
+        if self.speculator and not self._speculating:
+            self.speculator.observe(seq, new)
         if seq.finish_reason is not None:
-            self.scheduler.finish(seq)
             self.requests.pop(seq.request_id, None)
+            self._finish(seq)
         elif self.detokenize_every_step:
             seq.output_text = self._decode(seq)
         return self._output(seq, new)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.speculator:
+            self.speculator.release(seq.request_id)
 
     def _check_stop(self, seq: Sequence, token: int) -> bool:
         p = seq.params
@@ -240,11 +286,11 @@ class LLMEngine:
                              seq.output_logprobs if seq.params.logprobs is not None else None,
                              seq.num_cached_tokens, new)
 
-    def _record(self, scheduled: SchedulerOutput, rows: list[SampleRows], duration: float) -> None:
+    def _record(self, scheduled: SchedulerOutput, speculating: bool, duration: float) -> None:
         decodes = sum(1 for s, n in zip(scheduled.seqs, scheduled.num_new_tokens)
                       if s.num_output_tokens > 0 and n <= 1 + len(s.spec_token_ids))
         record = StepRecord(duration, len(scheduled.seqs), scheduled.num_batched_tokens, decodes,
-                            scheduled.num_batched_tokens - decodes, False)
+                            scheduled.num_batched_tokens - decodes, speculating)
         self.stats.steps += 1
         self.stats.prefix_queried_tokens = self.block_manager.prefix_stats.queried_tokens
         self.stats.prefix_hit_tokens = self.block_manager.prefix_stats.hit_tokens

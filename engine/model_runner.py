@@ -90,7 +90,7 @@ class ModelRunner:
             j = i
             while j < len(qlens) and qlens[j] == qlens[i]:
                 j += 1
-            groups.append(AttentionGroup(start, j - i, qlens[i], ctx[i:j], table[i:j]))
+            groups.append(AttentionGroup(start, j - i, qlens[i], ctx[i:j], table[i:j], max(ctx_lens[i:j])))
             start += (j - i) * qlens[i]
             i = j
         starts = torch.tensor([0] + qlens, dtype=torch.int32, device=self.device).cumsum(0, dtype=torch.int32)

@@ -31,6 +31,7 @@ class Sequence:
     last_token_time: float | None = None
     num_preemptions: int = 0
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens being verified this step
+    spec_draft_probs: object | None = None                    # [k, V] draft distribution (None: n-gram)
     generator: object | None = None                           # torch.Generator for seeded sampling
     prompt: str | None = None
     output_text: str = ""
@@ -61,5 +62,6 @@ class Sequence:
         self.num_cached_tokens = 0
         self.block_table = []
         self.spec_token_ids = []
+        self.spec_draft_probs = None
         self.status = SequenceStatus.WAITING
         self.num_preemptions += 1

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfleet.engine.attention import AttentionMetadata, TorchPagedAttention, write_kv
+from specfleet.engine.attention import AttentionMetadata, TorchPagedAttention
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -69,10 +69,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)   # [max_positions, head_dim]
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)                   # [tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for the step's positions, [tokens, 1, head_dim]; computed once, used by every layer."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +84,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, shape: LlamaShape, rotary: RotaryEmbedding) -> None:
+    def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
         self.shape = shape
         self.q_size = shape.num_heads * shape.head_dim
@@ -91,11 +94,10 @@ class Attention(nn.Module):
         if shape.qk_norm:
             self.q_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
             self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
-        self.rotary = rotary
         self.attend = TorchPagedAttention(scale=shape.head_dim ** -0.5)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         s = self.shape
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, s.num_heads, s.head_dim)
@@ -103,8 +105,8 @@ class Attention(nn.Module):
         v = v.view(-1, s.num_kv_heads, s.head_dim)
         if s.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
+        q, k = apply_rotary(q, k, *rope)
+        self.attend.write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
         out = self.attend(q, kv_cache[0], kv_cache[1], meta)
         return self.o_proj(out.view(-1, self.q_size))
 
@@ -121,23 +123,23 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, shape: LlamaShape, rotary: RotaryEmbedding) -> None:
+    def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
-        self.self_attn = Attention(shape, rotary)
+        self.self_attn = Attention(shape)
         self.mlp = MLP(shape)
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
-    def forward(self, positions, x, kv_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+    def forward(self, rope, x, kv_cache, meta) -> torch.Tensor:
+        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, shape: LlamaShape, rotary: RotaryEmbedding) -> None:
+    def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(shape, rotary) for _ in range(shape.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
 
@@ -149,7 +151,8 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, shape: LlamaShape, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.shape = shape
-        self.model = LlamaModel(shape, rotary)
+        self.rotary = rotary
+        self.model = LlamaModel(shape)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         if shape.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -157,8 +160,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(positions, x, kv_cache, meta)
+            x = layer(rope, x, kv_cache, meta)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

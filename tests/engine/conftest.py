@@ -32,11 +32,11 @@ def mixed_prompts(n: int, vocab: int = 400, seed: int = 0) -> list[list[int]]:
     return [torch.randint(3, vocab, (length,), generator=gen).tolist() for length in lengths]
 
 
-@pytest.fixture(name="hf_greedy")
+@pytest.fixture(name="hf_greedy", scope="session")
 def _hf_greedy_fixture():
     return hf_greedy
 
 
-@pytest.fixture(name="mixed_prompts")
+@pytest.fixture(name="mixed_prompts", scope="session")
 def _mixed_prompts_fixture():
     return mixed_prompts

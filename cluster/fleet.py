@@ -1,0 +1,531 @@
+"""`specfleet up`: a whole fleet on one machine (docs/fleet.md).
+
+    API emulator (thread) <- CRD, InferenceService(s)
+    operator  (`specfleet operator run -A`, subprocess)  -> Deployment, Service, PDB, admin Secret
+    node agent (asyncio)  -> ReplicaSets, Pods, engine processes (`specfleet engine serve`), statuses
+    gateway   (asyncio, --port)  -> OpenAI API over the ready pods
+    load      (asyncio, --load PROFILE) -> requests through the gateway
+
+Everything lives under the state folder (`.specfleet/`): `kubeconfig`, `fleet.json` (pid, URLs),
+`lock` (held while up runs), `pids/` (operator and engine processes), `logs/`, `pods/` (volumes).
+Preflight checks (already running, port, CR file, plan, model) fail with one line before anything starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CR = ROOT / "manifests/examples/smollm2-cpu.yaml"
+CRD_FILE = ROOT / "crds/inferenceservice.yaml"
+KIND = "InferenceService"
+APPLYABLE = {"Namespace", "Secret", "ConfigMap", KIND}
+TEARDOWN_GRACE_S = 10.0
+
+# name -> [(seconds, concurrent clients)], repeated
+LOAD_PROFILES = {
+    "ramp": [(20, 1), (90, 8), (60, 1)],
+    "spike": [(30, 1), (30, 16)],
+    "steady": [(60, 2)],
+}
+LOAD_PROMPTS = ["Count from one to twenty: one, two, three, four, five, six, seven, eight,",
+                "Repeat after me three times: the quick brown fox jumps over the lazy dog.",
+                "List the days of the week, then list them again in the same order.",
+                "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):"]
+
+
+class FleetError(Exception):
+    """A problem reported as one line, with a non-zero exit."""
+
+
+@dataclass
+class FleetConfig:
+    files: list[Path] = field(default_factory=list)
+    port: int = 8000
+    state_dir: Path = Path(".specfleet")
+    load: str | None = None
+    live: bool | None = None          # None: a live table when stdout is a terminal
+    host: str = "127.0.0.1"
+
+
+# -- state folder ---------------------------------------------------------------------------------------
+def read_info(state_dir: Path) -> dict | None:
+    try:
+        return json.loads((state_dir / "fleet.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:   # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def take_lock(state_dir: Path):
+    """Hold `state_dir/lock` for the life of this process; FleetError when another `up` holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(state_dir / "lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        info = read_info(state_dir) or {}
+        where = f" (pid {info.get('pid')}, gateway {info.get('gateway')})" if info else ""
+        raise FleetError(f"specfleet is already running in {state_dir}{where}; stop it with `specfleet down`")
+    return handle
+
+
+def check_port(host: str, port: int) -> None:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # TIME_WAIT leftovers are not "in use"
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise FleetError(f"port {port} is already in use on {host}; free it or pick another with --port")
+
+
+# -- manifests ------------------------------------------------------------------------------------------
+def load_manifests(files: list[Path]) -> list[dict]:
+    docs: list[dict] = []
+    for file in files:
+        try:
+            loaded = list(yaml.safe_load_all(Path(file).read_text()))
+        except FileNotFoundError:
+            raise FleetError(f"CR file not found: {file}")
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise FleetError(f"broken CR file {file}:{where}: {problem}")
+        for doc in loaded:
+            if doc is None:
+                continue
+            if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict) or "kind" not in doc:
+                raise FleetError(f"broken CR file {file}: every document needs kind and metadata")
+            if doc["kind"] not in APPLYABLE:
+                raise FleetError(f"{file}: {doc['kind']} is not supported by `specfleet up` "
+                                 f"(only {', '.join(sorted(APPLYABLE))})")
+            doc["metadata"].setdefault("namespace", "default") if doc["kind"] != "Namespace" else None
+            docs.append(doc)
+    if not any(d["kind"] == KIND for d in docs):
+        raise FleetError(f"no {KIND} in {', '.join(map(str, files))}")
+    return docs
+
+
+def check_service(doc: dict) -> None:
+    """Spec, plan and model of one InferenceService, each failure one line."""
+    from specfleet.operator import api, catalogs, planner
+
+    name = doc["metadata"].get("name", "unnamed")
+    try:
+        spec = api.parse_spec(doc.get("spec") or {})
+    except api.SpecError as exc:
+        raise FleetError(f"invalid {KIND} {name}: {exc}")
+    check_model(name, spec.model.source)
+    result = planner.plan(spec, catalogs.gpus(), catalogs.models())
+    if isinstance(result, planner.Infeasible):
+        raise FleetError(f"{KIND} {name} is infeasible ({result.reason}): {result.message}")
+
+
+def check_model(name: str, source: str) -> None:
+    import importlib.util
+
+    from specfleet.engine import builtin
+    from specfleet.operator.api import parse_source
+
+    src = parse_source(source)
+    if src.kind == "builtin":
+        if src.location not in builtin.BUILTIN_MODELS:
+            raise FleetError(f"model not found for {name}: no built-in model {src.location!r}")
+        package = builtin.BUILTIN_MODELS[src.location][0]
+        cached = (builtin.cache_dir() / src.location / "config.json").is_file()
+        if not cached and importlib.util.find_spec(package) is None:
+            raise FleetError(f"model not found for {name}: {source} needs the PyPI package "
+                             f"{package.replace('_', '-')!r}")
+    elif src.kind in ("hostpath", "image"):
+        if not (Path(src.location) / "config.json").is_file():
+            raise FleetError(f"model not found for {name}: {source} (no config.json in {src.location})")
+    elif src.kind == "pvc":
+        raise FleetError(f"{name}: pvc:// models need a real cluster; use hostpath:/path with `specfleet up`")
+
+
+def preflight(config: FleetConfig):
+    """Everything that can fail before a process starts; returns (lock handle, manifests)."""
+    lock = take_lock(config.state_dir)
+    try:
+        check_port(config.host, config.port)
+        if config.load is not None and config.load not in LOAD_PROFILES:
+            raise FleetError(f"unknown load profile {config.load!r} (one of {', '.join(LOAD_PROFILES)})")
+        docs = load_manifests(config.files or [DEFAULT_CR])
+        for doc in docs:
+            if doc["kind"] == KIND:
+                check_service(doc)
+        if not CRD_FILE.is_file():
+            raise FleetError(f"the CRD is missing: {CRD_FILE}")
+    except BaseException:
+        lock.close()
+        raise
+    return lock, docs
+
+
+# -- the running fleet ------------------------------------------------------------------------------------
+def cli_argv() -> list[str]:
+    local = Path(sys.executable).parent / "specfleet"
+    return [str(local)] if local.exists() else [sys.executable, "-m", "specfleet.cli.main"]
+
+
+class Fleet:
+    def __init__(self, config: FleetConfig, docs: list[dict], console=None):
+        from rich.console import Console
+
+        self.config, self.docs = config, docs
+        self.console = console or Console()
+        self.state_dir = config.state_dir.resolve()
+        self.live = self.console.is_terminal if config.live is None else config.live
+        for sub in ("logs", "pids", "pods"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.operator: subprocess.Popen | None = None
+        self.api = None
+        self.gateway = None
+        self.agent = None
+        self.load_stats = {"profile": config.load, "phase": "", "clients": 0, "ok": 0, "failed": 0}
+        self.failure: str | None = None
+
+    def say(self, message: str) -> None:
+        if not self.live:
+            print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    def run(self) -> int:
+        return asyncio.run(self._main())
+
+    async def _main(self) -> int:
+        from specfleet.cluster.apiserver.kubeconfig import write_kubeconfig
+        from specfleet.cluster.apiserver.server import ApiServer, ServerConfig
+        from specfleet.cluster.gateway import Gateway
+        from specfleet.cluster.node_agent import NodeAgent
+        from specfleet.engine import builtin
+
+        import logging
+
+        logging.basicConfig(filename=self.state_dir / "logs/fleet.log", level=logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        agent_stop = asyncio.Event()
+        agent_task = None
+        try:
+            self.api = ApiServer(ServerConfig(host="127.0.0.1", port=0)).start()
+            kubeconfig = write_kubeconfig(self.state_dir / "kubeconfig", self.api.url)
+            self.gateway = Gateway(self.api.url, self.config.host, self.config.port)
+            try:
+                await self.gateway.start()
+            except OSError:
+                raise FleetError(f"port {self.config.port} is already in use on {self.config.host}")
+            await self._register_crd()
+            self._start_operator(kubeconfig)
+            self.agent = NodeAgent(self.api.url, self.state_dir, host_cache=str(builtin.cache_dir().parent),
+                                   on_event=self.say)
+            agent_task = asyncio.create_task(self.agent.run(agent_stop, TEARDOWN_GRACE_S))
+            await self._apply_manifests()
+            self._write_info()
+            self.say(f"API emulator {self.api.url}; kubectl --kubeconfig {kubeconfig} get infsvc")
+            self.say(f"gateway http://{self.config.host}:{self.config.port}/v1 (waiting for ready replicas)")
+            tasks = [asyncio.create_task(self._watch_ready()), asyncio.create_task(self._watch_operator(stop))]
+            if self.config.load:
+                tasks.append(asyncio.create_task(self._load(self.config.load)))
+            if self.live:
+                tasks.append(asyncio.create_task(self._live_table(stop)))
+            await stop.wait()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await self._teardown(agent_stop, agent_task)
+        if self.failure:
+            raise FleetError(self.failure)
+        return 0
+
+    async def _register_crd(self) -> None:
+        from specfleet.cluster.node_agent.kube import Kube
+
+        crd = yaml.safe_load(CRD_FILE.read_text())
+        async with Kube(self.api.url) as kube:
+            await kube.create(crd)
+
+    def _start_operator(self, kubeconfig: Path) -> None:
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OMP_NUM_THREADS": "1",
+               "SPECFLEET_POD_ENDPOINTS_FILE": str(self.state_dir / "endpoints.json")}
+        log = open(self.state_dir / "logs/operator.log", "ab")
+        self.operator = subprocess.Popen([*cli_argv(), "operator", "run", "-A"], env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, cwd=self.state_dir)
+        log.close()
+        (self.state_dir / f"pids/operator-{self.operator.pid}").write_text(str(self.operator.pid))
+        self.say(f"operator started (pid {self.operator.pid}, log {self.state_dir / 'logs/operator.log'})")
+
+    async def _apply_manifests(self) -> None:
+        from specfleet.cluster.node_agent.kube import Kube, KubeError
+
+        async with Kube(self.api.url) as kube:
+            for ns in sorted({d["metadata"]["namespace"] for d in self.docs if d["kind"] != "Namespace"}):
+                if await kube.get("Namespace", None, ns) is None:
+                    await kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            for doc in sorted(self.docs, key=lambda d: d["kind"] == KIND):
+                try:
+                    await kube.create(doc)
+                except KubeError as exc:
+                    raise FleetError(f"the API server rejected {doc['kind']} {doc['metadata'].get('name')}: "
+                                     f"{exc.message}")
+                if doc["kind"] == KIND:
+                    self.say(f"applied {KIND} {doc['metadata']['namespace']}/{doc['metadata']['name']}")
+
+    def _write_info(self) -> None:
+        info = {"pid": os.getpid(), "gateway": f"http://{self.config.host}:{self.config.port}/v1",
+                "api": self.api.url, "kubeconfig": str(self.state_dir / "kubeconfig"),
+                "operatorPid": self.operator.pid, "started": time.time()}
+        (self.state_dir / "fleet.json").write_text(json.dumps(info, indent=2))
+
+    async def _watch_operator(self, stop: asyncio.Event) -> None:
+        while self.operator.poll() is None:
+            await asyncio.sleep(0.5)
+        self.failure = (f"the operator exited with code {self.operator.returncode}; "
+                        f"see {self.state_dir / 'logs/operator.log'}")
+        stop.set()
+
+    async def _watch_ready(self) -> None:
+        announced: set[str] = set()
+        while True:
+            for model, route in self.gateway.routes.items():
+                if route.endpoints and model not in announced:
+                    announced.add(model)
+                    self.say(f"ready: model {model!r} at http://{self.config.host}:{self.config.port}/v1 "
+                             f"({len(route.endpoints)} replica(s))")
+            await asyncio.sleep(0.5)
+
+    async def _teardown(self, agent_stop: asyncio.Event, agent_task) -> None:
+        self.say("stopping")
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.terminate()
+            for _ in range(50):
+                if self.operator.poll() is not None:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                self.operator.kill()
+                self.operator.wait()
+        agent_stop.set()
+        if agent_task is not None:
+            try:
+                await asyncio.wait_for(agent_task, TEARDOWN_GRACE_S + 5)
+            except (asyncio.TimeoutError, Exception):   # noqa: BLE001  (kill whatever is left below)
+                for runner in list(self.agent.runners.values()):
+                    runner.kill_now()
+        if self.gateway is not None and self.gateway.runner is not None:
+            await self.gateway.stop()
+        if self.api is not None:
+            self.api.stop()
+        sweep(self.state_dir)
+        (self.state_dir / "fleet.json").unlink(missing_ok=True)
+        self.say("stopped")
+
+    # -- load -------------------------------------------------------------------------------------
+    async def _load(self, profile: str) -> None:
+        import aiohttp
+
+        phases = LOAD_PROFILES[profile]
+        url = f"http://{self.config.host}:{self.config.port}/v1/chat/completions"
+        model = next(d["spec"]["model"]["name"] for d in self.docs if d["kind"] == KIND)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            while not any(r.endpoints for r in self.gateway.routes.values()):
+                await asyncio.sleep(0.5)
+            index = 0
+            while True:
+                seconds, clients = phases[index % len(phases)]
+                self.load_stats.update(phase=f"{index % len(phases) + 1}/{len(phases)}", clients=clients)
+                self.say(f"load {profile}: phase {index % len(phases) + 1}/{len(phases)}, "
+                         f"{clients} clients for {seconds} s")
+                deadline = time.monotonic() + seconds
+                await asyncio.gather(*(self._client(session, url, model, i, deadline) for i in range(clients)))
+                index += 1
+
+    async def _client(self, session, url: str, model: str, i: int, deadline: float) -> None:
+        n = i
+        while time.monotonic() < deadline:
+            body = {"model": model, "max_tokens": 48, "temperature": 0,
+                    "messages": [{"role": "user", "content": LOAD_PROMPTS[n % len(LOAD_PROMPTS)]}]}
+            n += 1
+            try:
+                async with session.post(url, json=body) as response:
+                    await response.read()
+                    self.load_stats["ok" if response.status == 200 else "failed"] += 1
+            except Exception:   # noqa: BLE001  (a load client never stops the fleet)
+                self.load_stats["failed"] += 1
+                await asyncio.sleep(1)
+
+    # -- live table --------------------------------------------------------------------------------
+    async def _live_table(self, stop: asyncio.Event) -> None:
+        from rich.live import Live
+
+        from specfleet.cluster.node_agent.kube import Kube
+
+        async with Kube(self.api.url) as kube:
+            with Live(console=self.console, refresh_per_second=2, transient=False) as live:
+                while not stop.is_set():
+                    try:
+                        services, pods = await kube.list(KIND), await kube.list("Pod")
+                        events = [m for _, m in list(self.agent.events)[-6:]]
+                        live.update(render_status(services, pods, self._summary(), events))
+                    except Exception:   # noqa: BLE001  (the table is best effort)
+                        pass
+                    await asyncio.sleep(1.0)
+
+    def _summary(self) -> dict:
+        return {"gateway": f"http://{self.config.host}:{self.config.port}/v1", "stats": dict(self.gateway.stats),
+                "kubeconfig": str(self.state_dir / "kubeconfig"), "load": dict(self.load_stats)}
+
+
+# -- shared by up, status and down ---------------------------------------------------------------------------
+def render_status(services: list[dict], pods: list[dict], summary: dict, events: list[str]):
+    from rich.console import Group
+    from rich.table import Table
+
+    table = Table(title="InferenceServices", title_justify="left", expand=False)
+    for column in ("NAME", "MODEL", "PHASE", "READY", "SLO", "TTFT p99", "ITL p99", "SPEC", "ACCEPT", "LAST DECISION"):
+        table.add_column(column)
+    for s in services:
+        st = s.get("status") or {}
+        conds = {c["type"]: c for c in st.get("conditions") or []}
+        observed, plan = st.get("observed") or {}, st.get("plan") or {}
+        spec_plan = plan.get("speculation") or {}
+        spec_active = (conds.get("SpeculationActive") or {}).get("status", "-")
+        decisions = st.get("lastDecisions") or []
+        last = decisions[-1] if decisions else {}
+        table.add_row(s["metadata"]["name"], s["spec"]["model"]["name"], st.get("phase", "Pending"),
+                      f"{st.get('readyReplicas', 0)}/{st.get('desiredReplicas', '?')}",
+                      (conds.get("SLOMet") or {}).get("status", "-"), _ms(observed.get("ttftP99Ms")),
+                      _ms(observed.get("itlP99Ms")), f"{spec_active} k={spec_plan.get('k', '-')}",
+                      _num(observed.get("acceptanceRate")),
+                      f"{last.get('kind', '')} {last.get('from', '')}->{last.get('to', '')}" if last else "-")
+    pod_table = Table(title="Pods", title_justify="left")
+    for column in ("POD", "READY", "STATUS", "RESTARTS", "ENDPOINT", "PID", "AGE"):
+        pod_table.add_column(column)
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        st = pod.get("status") or {}
+        cs = (st.get("containerStatuses") or [{}])[0]
+        state = next(iter(cs.get("state") or {"waiting": {}}), "waiting")
+        reason = ((cs.get("state") or {}).get(state) or {}).get("reason", "")
+        pid = (cs.get("containerID") or "").removeprefix("local://")
+        pod_table.add_row(pod["metadata"]["name"], "yes" if cs.get("ready") else "no",
+                          reason or state.capitalize(), str(cs.get("restartCount", 0)),
+                          (pod["metadata"].get("annotations") or {}).get("specfleet.io/endpoint", ""), pid,
+                          _age(pod["metadata"].get("creationTimestamp")))
+    stats, load = summary.get("stats") or {}, summary.get("load") or {}
+    lines = [f"gateway {summary.get('gateway')}   requests {stats.get('requests', 0)}  retries "
+             f"{stats.get('retries', 0)}  failed {stats.get('failed', 0)}",
+             f"kubectl --kubeconfig {summary.get('kubeconfig')} get infsvc"]
+    if load.get("profile"):
+        lines.append(f"load {load['profile']}: phase {load['phase']}, {load['clients']} clients, "
+                     f"{load['ok']} ok / {load['failed']} failed")
+    lines += [f"[dim]{e}[/]" for e in events]
+    return Group(table, pod_table, *lines, "[dim]Ctrl-C stops the fleet[/]")
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:g} ms"
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _age(timestamp: str | None) -> str:
+    import datetime as dt
+
+    if not timestamp:
+        return "-"
+    then = dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    seconds = int((dt.datetime.now(dt.timezone.utc) - then).total_seconds())
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
+
+
+def sweep(state_dir: Path) -> list[int]:
+    """SIGKILL every recorded operator/engine process still alive (their own process groups)."""
+    killed = []
+    for marker in (state_dir / "pids").glob("*-*"):
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(marker.read_text())
+            if alive(pid) and "specfleet" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+        marker.unlink(missing_ok=True)
+    return killed
+
+
+def down(state_dir: Path, timeout_s: float = 30.0) -> str:
+    """Stop the `specfleet up` of this state folder; returns what happened, in one line."""
+    info = read_info(state_dir)
+    pid = (info or {}).get("pid")
+    if pid and alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        strays = sweep(state_dir)
+        (state_dir / "fleet.json").unlink(missing_ok=True)
+        return f"stopped specfleet (pid {pid})" + (f"; killed {len(strays)} stray process(es)" if strays else "")
+    strays = sweep(state_dir)
+    (state_dir / "fleet.json").unlink(missing_ok=True)
+    if strays:
+        return f"specfleet was not running; killed {len(strays)} stray process(es)"
+    return f"specfleet is not running in {state_dir}"
+
+
+def status(state_dir: Path):
+    """(renderable, running) for `specfleet status`: one snapshot of what the live table shows."""
+    import urllib.request
+
+    info = read_info(state_dir)
+    if not info or not alive(info.get("pid", 0)):
+        return None
+
+    def get(url: str) -> dict:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
+
+    from specfleet.cluster.node_agent.kube import path
+
+    services = get(info["api"] + path(KIND)).get("items", [])
+    pods = get(info["api"] + path("Pod")).get("items", [])
+    try:
+        stats = get(info["gateway"].removesuffix("/v1") + "/health").get("stats", {})
+    except OSError:
+        stats = {}
+    summary = {"gateway": info["gateway"], "stats": stats, "kubeconfig": info["kubeconfig"]}
+    return render_status(services, pods, summary, [])

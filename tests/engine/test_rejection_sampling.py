@@ -1,0 +1,64 @@
+"""The verifier's output must follow the target distribution exactly, whatever the draft."""
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specfleet.engine.spec.ngram import NgramProposer
+from specfleet.engine.spec.rejection import verify
+
+TRIALS = 40_000
+
+
+def random_dist(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    logits = torch.randn(*shape, generator=gen) * 1.5
+    return logits.softmax(-1)
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "one-hot"])
+def test_first_token_follows_the_target_distribution(draft_kind):
+    gen = torch.Generator().manual_seed(0)
+    vocab, k = 6, 3
+    p = random_dist(gen, 1, k + 1, vocab).expand(TRIALS, -1, -1)
+    if draft_kind == "model":
+        q = random_dist(gen, 1, k, vocab).expand(TRIALS, -1, -1)
+        drafts = torch.multinomial(q[0, 0], TRIALS, replacement=True, generator=gen)[:, None].repeat(1, k)
+        drafts[:, 1:] = torch.multinomial(q[0, 1], TRIALS * (k - 1), replacement=True, generator=gen).view(TRIALS, -1)
+    else:                                                            # n-gram: a fixed guess, q one-hot
+        drafts = torch.tensor([[2, 4, 1]]).repeat(TRIALS, 1)
+        q = torch.zeros(TRIALS, k, vocab).scatter_(-1, drafts[..., None], 1.0)
+    torch.manual_seed(1)
+    verdict = verify(p, q, drafts, torch.full((TRIALS,), k), [None] * TRIALS)
+    first = torch.tensor([tokens[0] for tokens in verdict.tokens])
+    observed = torch.bincount(first, minlength=vocab).double()
+    expected = p[0, 0].double() / p[0, 0].double().sum() * observed.sum()
+    assert chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_greedy_accepts_exactly_the_argmax_prefix():
+    vocab = 5
+    p = torch.zeros(1, 4, vocab)
+    p[0, torch.arange(4), torch.tensor([3, 1, 4, 0])] = 1.0                 # greedy target: 3, 1, 4, 0
+    drafts = torch.tensor([[3, 1, 2]])
+    q = torch.zeros(1, 3, vocab).scatter_(-1, drafts[..., None], 1.0)
+    verdict = verify(p, q, drafts, torch.tensor([3]), [None])
+    assert verdict.num_accepted == [2] and verdict.tokens == [[3, 1, 4]]
+
+
+def test_all_accepted_adds_the_bonus_token_and_short_drafts_stop_early():
+    vocab = 4
+    p = torch.zeros(2, 3, vocab)
+    p[:, torch.arange(3), torch.tensor([1, 2, 3])] = 1.0
+    drafts = torch.tensor([[1, 2], [1, -1]])
+    q = torch.zeros(2, 2, vocab)
+    q[0].scatter_(-1, drafts[0, :, None], 1.0)
+    q[1, 0, 1] = 1.0
+    verdict = verify(p, q, drafts, torch.tensor([2, 1]), [None, None])
+    assert verdict.tokens == [[1, 2, 3], [1, 2]]
+
+
+def test_ngram_proposes_the_continuation_of_the_latest_earlier_match():
+    proposer = NgramProposer(min_n=1, max_n=3)
+    assert proposer.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3], 3) == [7, 8, 5]
+    assert proposer.propose([4, 5, 6], 2) == []

@@ -1,0 +1,218 @@
+"""End to end: `specfleet up` with a tiny random model, as a user runs it (a subprocess), driven with the
+official `openai` client and `kubectl`. The tests share one fleet and run in file order: serve, read
+status, refuse a second `up`, scale to two replicas, kill an engine under load, shut down.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TINY_CR = ROOT / "manifests/examples/tiny-cpu.yaml"
+NAME, MODEL = "tiny-cpu", "tiny"
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(probe, timeout: float, every: float = 0.25):
+    deadline, value = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            value = probe()
+        except Exception as exc:  # noqa: BLE001  (not there yet)
+            value = exc
+        if value and not isinstance(value, Exception):
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out; last value: {value!r}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+class Fleet:
+    def __init__(self, workdir: Path, port: int, proc: subprocess.Popen):
+        self.workdir, self.port, self.proc = workdir, port, proc
+        self.base = f"http://127.0.0.1:{port}"
+        self.kubeconfig = workdir / ".specfleet/kubeconfig"
+        self.pids: set[int] = set()
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.base + path, timeout=10) as response:
+            return json.loads(response.read())
+
+    def ready_replicas(self) -> int:
+        return sum(m["specfleet"]["readyReplicas"] for m in self.get("/v1/models")["data"] if m["id"] == MODEL)
+
+    def kubectl(self, *args: str) -> str:
+        proc = subprocess.run([str(BIN / "kubectl"), "--kubeconfig", str(self.kubeconfig), "--cache-dir",
+                               str(self.workdir / "kcache"), *args], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    def pods(self) -> list[dict]:
+        pods = json.loads(self.kubectl("get", "pods", "-o", "json"))["items"]
+        for pod in pods:
+            cid = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("containerID", "")
+            if cid.startswith("local://"):
+                self.pids.add(int(cid.removeprefix("local://")))
+        return pods
+
+    def client(self):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, tiny_llama):
+    workdir = tmp_path_factory.mktemp("up")
+    doc = yaml.safe_load(TINY_CR.read_text())
+    doc["spec"]["model"]["source"] = f"hostpath:{tiny_llama}"
+    cr = workdir / "tiny.yaml"
+    cr.write_text(yaml.safe_dump(doc))
+    port = free_port()
+    log = open(workdir / "up.log", "w")
+    proc = subprocess.Popen([str(BIN / "specfleet"), "up", "-f", str(cr), "--port", str(port), "--plain"],
+                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    f = Fleet(workdir, port, proc)
+    try:
+        wait_for(lambda: proc.poll() is None and f.ready_replicas() >= 1, timeout=90)
+        f.operator_pid = json.loads((workdir / ".specfleet/fleet.json").read_text())["operatorPid"]
+        yield f
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                subprocess.run([str(BIN / "specfleet"), "down"], cwd=workdir, timeout=60)
+        log.close()
+        print((workdir / "up.log").read_text())
+
+
+def test_chat_completions_flow_through_the_gateway(fleet):
+    client = fleet.client()
+    models = [m.id for m in client.models.list().data]
+    assert models == [MODEL]
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                            max_tokens=8, temperature=0)
+    assert answer.usage.completion_tokens == 8 and answer.choices[0].finish_reason == "length"
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                            max_tokens=8, temperature=0, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == answer.choices[0].message.content
+
+
+def test_kubectl_shows_the_inferenceservice_with_printer_columns(fleet):
+    header, row = [line.split() for line in fleet.kubectl("get", "infsvc").splitlines()]
+    assert header[:4] == ["NAME", "ENGINE", "READY", "REPLICAS"] and "SLO" in header
+    status = json.loads(fleet.kubectl("get", "infsvc", NAME, "-o", "json"))["status"]
+    assert row[:4] == [NAME, "specfleet", "True", "1"]
+    assert status["plan"]["speculation"]["method"] == "ngram" and status["readyReplicas"] == 1
+
+
+def test_a_second_up_in_the_same_folder_is_refused(fleet):
+    proc = subprocess.run([str(BIN / "specfleet"), "up", "--port", str(free_port())], cwd=fleet.workdir,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "already running" in proc.stderr and proc.stdout == ""
+    assert fleet.ready_replicas() >= 1
+
+
+def test_scaling_the_inferenceservice_brings_a_second_ready_replica(fleet):
+    fleet.kubectl("scale", "infsvc", NAME, "--replicas", "2")
+    wait_for(lambda: fleet.ready_replicas() == 2, timeout=60)
+    pods = fleet.pods()
+    assert len(pods) == 2
+    assert all(p["status"]["podIP"] == "127.0.0.1" for p in pods)
+    ports = {p["spec"]["containers"][0]["ports"][0]["containerPort"] for p in pods}
+    assert {p["metadata"]["annotations"]["specfleet.io/endpoint"] for p in pods} == \
+        {f"http://127.0.0.1:{port}" for port in ports}
+    expected = sorted(f"http://127.0.0.1:{port}" for port in ports)   # what the control loop reads
+    wait_for(lambda: sorted(json.loads((fleet.workdir / ".specfleet/endpoints.json").read_text())
+                            [f"default/{NAME}"].values()) == expected, timeout=5)
+    deployment = json.loads(fleet.kubectl("get", "deployment", NAME, "-o", "json"))
+    assert deployment["status"]["readyReplicas"] == 2 and deployment["status"]["updatedReplicas"] == 2
+    wait_for(lambda: json.loads(fleet.kubectl("get", "infsvc", NAME, "-o", "json"))["status"]
+             .get("readyReplicas") == 2, timeout=20)
+
+
+def test_a_killed_engine_is_restarted_and_no_request_is_lost(fleet):
+    client = fleet.client()
+    done, errors, answered = threading.Event(), [], []
+
+    def user(i: int) -> None:
+        while not done.is_set():
+            try:
+                r = client.chat.completions.create(model=MODEL, max_tokens=24, temperature=0,
+                                                   messages=[{"role": "user", "content": f"user {i} says hi"}])
+                answered.append(r.usage.completion_tokens)
+            except Exception as exc:  # noqa: BLE001  (any failure is a lost request)
+                errors.append(repr(exc))
+
+    users = [threading.Thread(target=user, args=(i,)) for i in range(4)]
+    for t in users:
+        t.start()
+    try:
+        wait_for(lambda: len(answered) >= 4, timeout=30)
+        victim = fleet.pods()[0]
+        pid = int(victim["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
+        os.kill(pid, signal.SIGKILL)
+        killed_at = len(answered)
+
+        def restarted():
+            pod = next(p for p in fleet.pods() if p["metadata"]["name"] == victim["metadata"]["name"])
+            status = pod["status"]["containerStatuses"][0]
+            return status["restartCount"] >= 1 and status["ready"] and fleet.ready_replicas() == 2
+
+        wait_for(restarted, timeout=60)
+        wait_for(lambda: len(answered) >= killed_at + 8, timeout=30)
+    finally:
+        done.set()
+        for t in users:
+            t.join(60)
+    assert errors == []
+    assert len(answered) >= 12 and set(answered) == {24}
+    assert not alive(pid)
+
+
+def test_ctrl_c_shuts_everything_down(fleet):
+    fleet.pods()
+    pids = {*fleet.pids, fleet.operator_pid}
+    assert len(pids) >= 4   # the operator, two engines, one of them restarted
+    fleet.proc.send_signal(signal.SIGINT)
+    assert fleet.proc.wait(40) == 0
+    wait_for(lambda: not any(alive(p) for p in pids), timeout=10)
+    assert not (fleet.workdir / ".specfleet/fleet.json").exists()
+    assert list((fleet.workdir / ".specfleet/pids").iterdir()) == []
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", fleet.port))   # nothing listens on the gateway port any more
+    down = subprocess.run([str(BIN / "specfleet"), "down"], cwd=fleet.workdir, capture_output=True, text=True)
+    assert down.returncode == 0 and "not running" in down.stdout

@@ -4,25 +4,28 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo generate test test-fast bench clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0          # first, so the CPU build from local disk is used
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0          # first, so the CPU build from local disk is used
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)   ## the main job on the embedded default
+demo: $(STAMP)   ## the main job on the embedded default: a local fleet serving the built-in model
+	$(BIN)/specfleet up
+
+generate: $(STAMP) ## offline generation with the engine alone
 	$(BIN)/specfleet engine generate
 
 test: $(STAMP)   ## the whole test suite, slow tests included (what CI runs)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_throughput.py

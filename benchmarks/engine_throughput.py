@@ -112,7 +112,10 @@ def run_vllm(python: str, model: str, work) -> dict | None:
     iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
-    proc = subprocess.run([python, "-c", VLLM_SCRIPT, model, str(tmp)], env=env, capture_output=True, text=True)
+    # cwd outside the repo: `python -c` puts the cwd on sys.path, and the repo root's operator/ folder
+    # would shadow the standard library's `operator` module.
+    proc = subprocess.run([python, "-c", VLLM_SCRIPT, str(Path(model).resolve()), str(tmp.resolve())], env=env,
+                          capture_output=True, text=True, cwd="/tmp")
     tmp.unlink(missing_ok=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -128,7 +131,11 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--vllm-python", default="/tmp/vllm-peer/bin/python")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; 1 avoids OpenMP stalls when other processes share the cores")
     args = parser.parse_args()
+    import torch
+    torch.set_num_threads(args.threads)
 
     from rich.console import Console
     from rich.table import Table

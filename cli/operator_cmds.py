@@ -107,6 +107,43 @@ def _print_table(name, spec, result) -> None:
         console.print(f"[yellow]warning:[/] {warning}")
 
 
+def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s",
+                                                      help="steady | diurnal | bursty | acceptance-drift"),
+                 trace: Optional[Path] = typer.Option(None, "--trace", exists=True, dir_okay=False,
+                                                      help="A trace file of `seconds rps` lines."),
+                 policy: str = typer.Option("specfleet", "--policy", "-p",
+                                            help="specfleet | static-peak | inflight-target | saturation | "
+                                                 "spec-always-on | spec-always-off | spec-batch-table"),
+                 seed: int = typer.Option(0, help="Random seed of the arrivals."),
+                 duration: Optional[float] = typer.Option(None, help="Cut the scenario to this many seconds."),
+                 load: float = typer.Option(1.0, help="Multiply the scenario's arrival rate."),
+                 replicas: Optional[int] = typer.Option(None, help="A fixed fleet size (isolates speculation)."),
+                 startup: Optional[float] = typer.Option(None, help="Pod start-up seconds (default 30)."),
+                 json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result (with the series)."),
+                 plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of replicas, load, latency "
+                                                                          "(needs matplotlib).")) -> None:
+    """Simulate a fleet under a scenario with the operator's control policies (or a peer baseline)."""
+    import json
+
+    from specfleet.operator.simulator import report, run, scenarios
+
+    if (scenario is None) == (trace is None):
+        raise typer.BadParameter("give --scenario NAME or --trace FILE")
+    try:
+        sc = scenarios.get(scenario) if scenario else scenarios.from_trace(trace)
+        sc = scenarios.adjusted(sc, duration=duration, load=load, startup_s=startup)
+        result = run.simulate(sc, policy, seed=seed, fixed_replicas=replicas)
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(str(exc.args[0] if exc.args else exc)) from exc
+    report.print_summary(result)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=1, default=float))
+    if plot:
+        report.plot(result, plot)
+
+
 def register_top_level(root: typer.Typer) -> None:
-    """Commands that sit at the top level (`specfleet plan`)."""
+    """Commands that sit at the top level (`specfleet plan`, `specfleet simulate`)."""
     root.command("plan")(plan_cmd)
+    root.command("simulate")(simulate_cmd)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import kopf
 
 from specfleet.operator import api, catalogs, planner, render, status
+from specfleet.operator.control import loop as control
 from specfleet.operator.kube import Kube
 
 MANAGED = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
@@ -85,8 +86,21 @@ def _apply(k: Kube, body: dict, spec: api.InferenceServiceSpec, plan: planner.Pl
     if spec.runtime.engine == "specfleet":
         token = secrets.token_urlsafe(32)
         k.create_if_missing(render.with_owner(render.admin_secret(name, namespace, token), name, uid))
+    override = _speculation_override(spec, plan, k.get("Deployment", namespace, name))
     return {m["kind"]: k.apply(render.with_owner(m, name, uid))
-            for m in render.render(name, namespace, spec, plan, replicas)}
+            for m in render.render(name, namespace, spec, plan, replicas, speculation=override)}
+
+
+def _speculation_override(spec: api.InferenceServiceSpec, plan: planner.Plan, live: dict | None):
+    """The control loop's speculation choice for the vllm runtime (kept on the Deployment), if any."""
+    value = ((live or {}).get("metadata", {}).get("annotations") or {}).get(control.SPECULATION_ANNOTATION)
+    if spec.runtime.engine != "vllm" or not value or plan.speculation.method is None:
+        return None
+    fields = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
+    try:
+        return planner.SpeculationPlan(fields.get("enabled") == "true", plan.speculation.method, int(fields["k"]))
+    except (KeyError, ValueError):
+        return None
 
 
 def _rollout(deployment: dict | None, desired: int, conditions: list, now: str, generation: int) -> dict:
@@ -137,6 +151,26 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, **_) -> None:
     outcome = reconcile(_plain(body), kube(), now_iso())
     patch.status.update(outcome.status)
     _post(body, outcome.events)
+
+
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=control.interval_s(),
+            initial_delay=control.interval_s())
+async def control_service(body: kopf.Body, patch: kopf.Patch, **_) -> None:
+    """The control loop (control/loop.py): scale the Deployment, switch speculation, report why."""
+    plain = _plain(body)
+    if plain["metadata"].get("deletionTimestamp"):
+        control.forget(plain["metadata"]["namespace"], plain["metadata"]["name"])
+        return
+    outcome = await control.run_once(plain, kube(), now_iso())
+    if outcome is None:
+        return
+    patch.status.update(outcome.status)
+    _post(body, outcome.events)
+
+
+@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
+def deleted(body: kopf.Body, **_) -> None:
+    control.forget(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)

@@ -17,7 +17,10 @@ def run(namespaces: list[str] | None = None, clusterwide: bool = False, liveness
 
     if not clusterwide and not namespaces:
         raise ValueError("give namespaces or clusterwide=True")
+    from specfleet.operator.control import telemetry
+
     kopf.configure(verbose=verbose)
+    telemetry.serve_from_environment()
     kopf.run(standalone=True, clusterwide=clusterwide, namespaces=namespaces or [],
              liveness_endpoint=liveness)
 

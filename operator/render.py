@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specfleet.operator.api import API_VERSION, KIND, InferenceServiceSpec, ModelRef, parse_source
 from specfleet.operator.perfmodel import GiB
-from specfleet.operator.planner import Plan
+from specfleet.operator.planner import Plan, SpeculationPlan
 
 SPECFLEET_IMAGE = "ghcr.io/specfleet/engine:0.1.0"
 VLLM_IMAGE = "vllm/vllm-openai:v0.10.1"
@@ -56,8 +56,13 @@ def admin_secret_name(name: str) -> str:
 
 
 def render(name: str, namespace: str, spec: InferenceServiceSpec, plan: Plan,
-           replicas: int | None = None) -> list[dict]:
-    """The Deployment, Service and PodDisruptionBudget for a planned InferenceService."""
+           replicas: int | None = None, speculation: SpeculationPlan | None = None) -> list[dict]:
+    """The Deployment, Service and PodDisruptionBudget for a planned InferenceService.
+
+    `speculation` is the control loop's live choice where it lives in the engine args (vllm runtime).
+    """
+    if speculation is not None:
+        plan = replace(plan, speculation=speculation)
     return [deployment(name, namespace, spec, plan, plan.replicas if replicas is None else replicas),
             service(name, namespace), disruption_budget(name, namespace)]
 
@@ -75,6 +80,27 @@ def admin_secret(name: str, namespace: str, token: str) -> dict:
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": admin_secret_name(name), "namespace": namespace, "labels": labels(name)},
             "stringData": {"token": token}}
+
+
+OPERATOR_NAMESPACE = "specfleet-system"
+OPERATOR_LABELS = {"app.kubernetes.io/name": "specfleet-operator"}
+CLIENT_LABEL = "specfleet.io/client"
+
+
+def network_policy(name: str, namespace: str) -> dict:
+    """Ingress to the engine pods: the operator (admin API, metrics) and labelled clients only.
+
+    A NetworkPolicy is L4 and the admin API shares the http port, so clients that may reach the OpenAI
+    API carry `specfleet.io/client: "true"` (the gateway does); the admin API also needs the bearer token.
+    """
+    port = [{"port": "http", "protocol": "TCP"}]
+    operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": OPERATOR_NAMESPACE}},
+                "podSelector": {"matchLabels": OPERATOR_LABELS}}
+    clients = {"namespaceSelector": {}, "podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+            "spec": {"podSelector": {"matchLabels": selector(name)}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [operator], "ports": port}, {"from": [clients], "ports": port}]}}
 
 
 def service(name: str, namespace: str) -> dict:

@@ -32,8 +32,11 @@ def planned(result: Plan | Infeasible, generation: int, selector: str, previous:
     """The status patch after planning (and, for a Plan, applying) generation `generation`."""
     if isinstance(result, Infeasible):
         return _infeasible(result, generation, selector, previous, now)
-    conditions = [_degraded(result), _slo_pending(result), _speculation(result),
-                  Condition("Progressing", TRUE, "Reconciled", f"rendered plan for generation {generation}")]
+    conditions = [_degraded(result), Condition("Progressing", TRUE, "Reconciled",
+                                               f"rendered plan for generation {generation}")]
+    # SLOMet and SpeculationActive belong to the control loop once it has reported (same generation).
+    conditions += [c for c in (_slo_pending(result), _speculation(result))
+                   if not _controller_owned(_condition(previous, c.type), generation)]
     return {"observedGeneration": generation, "phase": "Progressing", "plan": plan_dict(result),
             "desiredReplicas": result.replicas, "selector": selector,
             "conditions": merge_conditions(previous, conditions, now, generation)}
@@ -84,6 +87,17 @@ def merge_conditions(previous: Sequence[dict], updates: Iterable[Condition], now
 
 
 _ORDER = {t: i for i, t in enumerate(("Ready", "Progressing", "Degraded", "SLOMet", "SpeculationActive"))}
+
+
+CONTROLLER_REASONS = frozenset({"Observed", "Missed", "MetricsUnavailable", "LowAcceptance", "BatchAboveThreshold",
+                                "SpeculationPays", "Reprobe", "DepthRetuned", "Paying", "NotPaying", "Dwell",
+                                "NoAcceptanceEvidence", "Forced"})
+
+
+def _controller_owned(cond: dict | None, generation: int) -> bool:
+    """A condition the control loop set (its reasons) since this generation was planned."""
+    return (cond is not None and cond.get("reason") in CONTROLLER_REASONS
+            and cond.get("observedGeneration", generation) == generation)
 
 
 def _condition(conditions: Sequence[dict], kind: str) -> dict | None:

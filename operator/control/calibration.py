@@ -1,0 +1,161 @@
+"""The calibrated performance model of one service: what a replica can carry at the SLO.
+
+`ServiceModel` bundles the model shape, the current calibration, the SLO and the plan's limits, and
+answers the autoscaler's and speculation controller's questions (capacity per replica at a batch,
+the batch a replica can hold within the ITL target, goodput-optimal k, maxBatchForSpeculation).
+`recalibrate` refits BW_eff / FLOPS_eff / t_fixed from the engines' step-time histograms
+(`Window.steps`), blended with the previous fit and bounded to a sane range of the prior.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from specfleet.operator import perfmodel as pm
+from specfleet.operator.control.window import StepStat
+
+MIN_STEPS = 20          # steps per bucket before a bucket counts as evidence
+BLEND = 0.5             # weight of a new fit against the previous calibration
+BOUND = 5.0             # a fit stays within [prior / BOUND, prior x BOUND]
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    shape: pm.ModelShape
+    cal: pm.Calibration
+    prior: pm.Calibration
+    ctx: int                   # mean context of a decoding sequence
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    itl_s: float
+    max_num_seqs: int
+    chunk: int                 # max_num_batched_tokens
+    max_k: int
+    min_acceptance: float
+    draft: pm.DraftTime = pm.no_draft_cost
+
+    def step(self, batch: float, k: int = 0) -> float:
+        return pm.spec_step_time(self.shape, self.cal, max(1, round(batch)), self.ctx, k, self.draft)
+
+    def token_time(self, batch: float, alpha: float, k: int) -> float:
+        """Mean time between output tokens of one sequence at `batch` (what the ITL histogram sees)."""
+        return self.step(batch, k) / pm.expected_tokens(alpha, k)
+
+    def slo_batch(self, alpha: float = 0.0, k: int = 0) -> int:
+        """Largest batch whose mixed step keeps tokens within the ITL target (at most max_num_seqs)."""
+        return _slo_batch(self, alpha, k)
+
+    def request_seconds(self, batch: float, alpha: float = 0.0, k: int = 0, output: float | None = None) -> float:
+        """Time one request occupies a batch slot: prefill plus its output tokens at `batch`."""
+        out = self.output_tokens if output is None else output
+        prefill = pm.prefill_time(self.shape, self.cal, self.prompt_tokens, self.chunk, max(1, round(batch)), self.ctx)
+        return prefill + out * self.token_time(batch, alpha, k)
+
+    def replica_rps(self, utilization: float, alpha: float = 0.0, k: int = 0, output: float | None = None) -> float:
+        """Requests/s one replica sustains at `utilization` of its SLO batch (Little's law)."""
+        batch = max(1.0, utilization * self.slo_batch(alpha, k))
+        by_slots = batch / self.request_seconds(batch, alpha, k, output)
+        return min(by_slots, utilization * self.prefill_rps(batch))
+
+    def prefill_rps(self, batch: float) -> float:
+        """Prompts/s one replica prefills while decoding `batch` sequences (the token budget's spare room)."""
+        b = max(1, round(batch))
+        room = max(self.chunk - b, 1)
+        return room / pm.mixed_step_time(self.shape, self.cal, b, self.ctx, self.chunk) / self.prompt_tokens
+
+    def best_k(self, batch: float, alpha: float) -> int:
+        return pm.best_k(self.shape, self.cal, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft)
+
+    def max_batch_for_speculation(self, alpha: float) -> int:
+        return _mbs(self, round(alpha, 3))
+
+
+@lru_cache(maxsize=4096)
+def _slo_batch(m: ServiceModel, alpha: float, k: int) -> int:
+    mixed_ok = pm.mixed_step_time(m.shape, m.cal, 1, m.ctx, m.chunk) <= m.itl_s
+
+    def fits(b: int) -> bool:
+        # When the token budget alone breaks the ITL target (a plan sized for a faster calibration),
+        # no batch fixes that: size by plain decode steps instead of collapsing to one sequence.
+        mixed = pm.mixed_step_time(m.shape, m.cal, b, m.ctx, m.chunk) if k == 0 and mixed_ok else m.step(b, k)
+        return mixed / pm.expected_tokens(alpha, k) <= m.itl_s
+    if not fits(1):
+        return 1
+    lo, hi = 1, max(1, m.max_num_seqs)
+    if fits(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+@lru_cache(maxsize=1024)
+def _mbs(m: ServiceModel, alpha: float) -> int:
+    return pm.max_batch_for_speculation(m.shape, m.cal, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft)
+
+
+def alpha_from_acceptance(rate: float, k: int) -> float:
+    """Per-token acceptance probability a whose geometric process accepts `rate` of k drafted tokens.
+
+    accepted per draft = a (1 - a^k) / (1 - a); rate = that / k. Inverted by bisection.
+    """
+    if k <= 0 or rate <= 0:
+        return 0.0
+    if rate >= 1:
+        return 1.0
+    target = rate * k
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        accepted = mid * k if mid >= 1 else mid * (1 - mid ** k) / (1 - mid)
+        lo, hi = (mid, hi) if accepted < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def recalibrate(model: ServiceModel, steps: tuple[StepStat, ...], k: int) -> ServiceModel:
+    """The model with its calibration refitted to observed step times (unchanged without evidence)."""
+    samples = [pm.StepSample(max(1, round(s.batch)), model.ctx, _q(s, k), s.seconds)
+               for s in steps if s.steps >= MIN_STEPS and s.seconds > 0]
+    if len({s.batch for s in samples}) < 2:
+        return model
+    fit = pm.fit_calibration(samples, model.shape, model.cal)
+    blended = pm.Calibration(bw_eff=_mix(model.cal.bw_eff, fit.bw_eff, model.prior.bw_eff),
+                             flops_eff=_mix(model.cal.flops_eff, fit.flops_eff, model.prior.flops_eff),
+                             t_fixed=max(0.0, (1 - BLEND) * model.cal.t_fixed + BLEND * fit.t_fixed))
+    return replace(model, cal=blended)
+
+
+def _q(s: StepStat, k: int) -> int:
+    """Tokens per sequence in a step: from the step-token counter when known, else 1 or k + 1."""
+    if s.tokens:
+        return max(1, round(s.tokens / max(s.batch, 1)))
+    return (k + 1) if s.speculating else 1
+
+
+def _mix(old: float, new: float, prior: float) -> float:
+    value = math.exp((1 - BLEND) * math.log(old) + BLEND * math.log(max(new, 1e-9)))
+    return min(max(value, prior / BOUND), prior * BOUND)
+
+
+def service_model(spec, plan, gpus, models) -> ServiceModel | None:
+    """The ServiceModel of a planned InferenceService (None when its model or GPU is unknown)."""
+    from specfleet.operator import planner
+
+    gpu, arch = gpus.get(plan.accelerator), models.lookup(spec.model)
+    if gpu is None or arch is None:
+        return None
+    shape = planner.model_shape(arch, spec.model.dtype)
+    cal = gpu.calibration(plan.tensor_parallel_size)
+    slo, sp = spec.slo, spec.speculation
+    ctx = min(slo.prompt_tokens + slo.output_tokens // 2, slo.max_context_tokens)
+    draft = pm.no_draft_cost
+    if sp.method == "draft" and sp.draft_model is not None and models.lookup(sp.draft_model) is not None:
+        draft = pm.draft_time_fn(planner.model_shape(models.lookup(sp.draft_model), sp.draft_model.dtype), cal, ctx)
+    return ServiceModel(shape=shape, cal=cal, prior=cal, ctx=ctx, prompt_tokens=slo.prompt_tokens,
+                        output_tokens=slo.output_tokens, ttft_s=slo.ttft_p99_ms / 1000, itl_s=slo.itl_p99_ms / 1000,
+                        max_num_seqs=plan.max_num_seqs, chunk=plan.max_num_batched_tokens,
+                        max_k=sp.max_speculative_tokens if sp.mode != "off" else 0,
+                        min_acceptance=sp.min_acceptance_rate, draft=draft)

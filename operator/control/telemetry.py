@@ -1,0 +1,41 @@
+"""The operator's own Prometheus metrics (`specfleet_...`), served when `SPECFLEET_METRICS_PORT` is set
+(the operator image sets 9090)."""
+from __future__ import annotations
+
+import logging
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+REGISTRY = CollectorRegistry()
+_SERVICE = ["namespace", "name"]
+DESIRED = Gauge("specfleet_desired_replicas", "Replicas the autoscaler wants.", _SERVICE, registry=REGISTRY)
+ACTUAL = Gauge("specfleet_replicas", "Ready replicas.", _SERVICE, registry=REGISTRY)
+ATTAINMENT = Gauge("specfleet_slo_attainment", "Share of the last window within the TTFT and ITL targets.",
+                   _SERVICE, registry=REGISTRY)
+DECISIONS = Counter("specfleet_decisions", "Control decisions by kind (scale | speculation) and reason.",
+                    _SERVICE + ["kind", "reason"], registry=REGISTRY)
+PREDICTED = Gauge("specfleet_predicted_latency_seconds", "Planned p99 latency.", _SERVICE + ["metric"],
+                  registry=REGISTRY)
+OBSERVED = Gauge("specfleet_observed_latency_seconds", "Observed p99 latency over the last window.",
+                 _SERVICE + ["metric"], registry=REGISTRY)
+TARGET = Gauge("specfleet_slo_target_seconds", "Declared p99 latency target.", _SERVICE + ["metric"],
+               registry=REGISTRY)
+SPECULATION = Gauge("specfleet_speculation_enabled", "1 while the controller has speculation on.", _SERVICE,
+                    registry=REGISTRY)
+SPEC_K = Gauge("specfleet_speculation_k", "Speculation depth set by the controller.", _SERVICE, registry=REGISTRY)
+ACCEPTANCE = Gauge("specfleet_acceptance_rate", "Observed (or counterfactual, while off) acceptance.", _SERVICE,
+                   registry=REGISTRY)
+
+
+def serve_from_environment(log: logging.Logger | None = None) -> int | None:
+    """Start the metrics endpoint on $SPECFLEET_METRICS_PORT; a busy port is logged, not fatal."""
+    port = os.environ.get("SPECFLEET_METRICS_PORT")
+    if not port:
+        return None
+    try:
+        start_http_server(int(port), registry=REGISTRY)
+    except OSError as exc:
+        (log or logging.getLogger(__name__)).warning("metrics endpoint on port %s not started: %s", port, exc)
+        return None
+    return int(port)

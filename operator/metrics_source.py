@@ -1,0 +1,170 @@
+"""Metrics in, speculation switches out: the control loop's only HTTP.
+
+- `parse_exposition(text, time)`: Prometheus text exposition -> `Scrape`.
+- `scrape_pods(endpoints)`: GET `/metrics` of every pod concurrently with a timeout; a pod that fails is
+  left out (unknown), never reported as zeros.
+- `PrometheusSource(url).scrape(namespace, pods)`: the same raw series from a Prometheus server (one
+  instant query), so windows are computed identically from either source.
+- `set_speculation(base_url, enabled, k, token)`: POST `/admin/speculation` on one pod.
+"""
+from __future__ import annotations
+
+import asyncio
+import time as _time
+from typing import Mapping
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from specfleet.operator.control.window import Histogram, Scrape, series_key
+
+SCRAPE_TIMEOUT_S = 3.0
+
+
+def parse_exposition(text: str, at: float) -> Scrape:
+    """Counters (keyed without `_total`), gauges and histograms of one exposition."""
+    counters: dict[str, float] = {}
+    gauges: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            _add_sample(family.type, s.name, s.labels, s.value, counters, gauges, buckets, sums)
+    return Scrape(at, counters, gauges, _histograms(buckets, sums))
+
+
+def _add_sample(kind, name, labels, value, counters, gauges, buckets, sums) -> None:
+    if kind in ("untyped", "unknown") and name.endswith("_total"):
+        kind = "counter"           # `# TYPE x counter` followed by `x_total` samples parses as untyped
+    if kind == "histogram":
+        base, _, suffix = name.rpartition("_")
+        key = series_key(base, labels)
+        if suffix == "bucket":
+            buckets.setdefault(key, {})[float(labels["le"])] = buckets.get(key, {}).get(float(labels["le"]), 0) + value
+        elif suffix == "sum":
+            sums[key] = sums.get(key, 0.0) + value
+    elif kind == "counter":
+        key = series_key(name.removesuffix("_total"), labels)
+        if not name.endswith("_created"):
+            counters[key] = counters.get(key, 0.0) + value
+    elif kind in ("gauge", "untyped", "unknown"):
+        key = series_key(name, labels)
+        gauges[key] = gauges.get(key, 0.0) + value
+
+
+def _histograms(buckets: dict, sums: dict) -> dict[str, Histogram]:
+    out = {}
+    for key, by_bound in buckets.items():
+        bounds = tuple(sorted(by_bound))
+        out[key] = Histogram(bounds, tuple(by_bound[b] for b in bounds), sums.get(key, 0.0))
+    return out
+
+
+async def scrape_pods(endpoints: Mapping[str, str], timeout: float = SCRAPE_TIMEOUT_S,
+                      client: httpx.AsyncClient | None = None) -> dict[str, Scrape]:
+    """Scrape `{pod: base_url}`; pods that time out or fail are absent from the result."""
+    own = client is None
+    client = client or httpx.AsyncClient(timeout=timeout)
+    try:
+        results = await asyncio.gather(*(_scrape_one(client, url, timeout) for url in endpoints.values()))
+    finally:
+        if own:
+            await client.aclose()
+    return {pod: s for pod, s in zip(endpoints, results) if s is not None}
+
+
+async def _scrape_one(client: httpx.AsyncClient, base_url: str, timeout: float) -> Scrape | None:
+    try:
+        response = await client.get(base_url.rstrip("/") + "/metrics", timeout=timeout)
+        response.raise_for_status()
+        return parse_exposition(response.text, _time.monotonic())
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+async def set_speculation(base_url: str, enabled: bool, k: int, token: str | None,
+                          timeout: float = SCRAPE_TIMEOUT_S, client: httpx.AsyncClient | None = None) -> dict:
+    """Switch one pod's speculation; raises httpx.HTTPError on failure."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    body = {"enabled": enabled, "num_speculative_tokens": k}
+    own = client is None
+    client = client or httpx.AsyncClient(timeout=timeout)
+    try:
+        response = await client.post(base_url.rstrip("/") + "/admin/speculation", json=body, headers=headers,
+                                     timeout=timeout)
+        response.raise_for_status()
+        return response.json()
+    finally:
+        if own:
+            await client.aclose()
+
+
+class PrometheusSource:
+    """Raw engine series per pod from a Prometheus server (`/api/v1/query`, one instant query)."""
+
+    def __init__(self, url: str, timeout: float = SCRAPE_TIMEOUT_S):
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def query(self, namespace: str, pods: list[str]) -> str:
+        names = "vllm:.*|specfleet:.*"
+        return f'{{__name__=~"{names}",namespace="{namespace}",pod=~"{"|".join(pods) or "^$"}"}}'
+
+    async def scrape(self, namespace: str, pods: list[str], client: httpx.AsyncClient | None = None
+                     ) -> dict[str, Scrape]:
+        own = client is None
+        client = client or httpx.AsyncClient(timeout=self.timeout)
+        try:
+            response = await client.get(f"{self.url}/api/v1/query", params={"query": self.query(namespace, pods)})
+            response.raise_for_status()
+            result = response.json()["data"]["result"]
+        except (httpx.HTTPError, KeyError, ValueError):
+            return {}
+        finally:
+            if own:
+                await client.aclose()
+        return scrapes_from_vector(result)
+
+
+def scrapes_from_vector(result: list[dict]) -> dict[str, Scrape]:
+    """A Prometheus instant vector of raw series -> one Scrape per `pod` label.
+
+    Prometheus keeps no types, so they come from the names: series with an `le` label are histogram
+    buckets (and `<base>_sum` their sums), `_total` series are counters, the rest gauges.
+    """
+    by_pod: dict[str, list[tuple[str, dict, float]]] = {}
+    stamps: dict[str, float] = {}
+    for item in result:
+        metric, (stamp, value) = dict(item["metric"]), item["value"]
+        pod, name = metric.pop("pod", None), metric.pop("__name__", "")
+        if pod is not None:
+            by_pod.setdefault(pod, []).append((name, metric, float(value)))
+            stamps[pod] = float(stamp)
+    return {pod: _scrape_from_series(series, stamps[pod]) for pod, series in by_pod.items()}
+
+
+def _scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scrape:
+    counters: dict[str, float] = {}
+    gauges: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    sums: dict[str, float] = {}
+    bases = {name.removesuffix("_bucket") for name, labels, _ in series if "le" in labels}
+    for name, labels, value in series:
+        labels = {k: v for k, v in labels.items() if k in _KEEP}
+        base = name.rpartition("_")[0]
+        if "le" in labels:
+            key = series_key(base, labels)
+            slot = buckets.setdefault(key, {})
+            slot[float(labels["le"])] = slot.get(float(labels["le"]), 0.0) + value
+        elif base in bases:
+            if name.endswith("_sum"):
+                sums[series_key(base, labels)] = sums.get(series_key(base, labels), 0.0) + value
+        elif name.endswith("_total"):
+            key = series_key(name.removesuffix("_total"), labels)
+            counters[key] = counters.get(key, 0.0) + value
+        else:
+            key = series_key(name, labels)
+            gauges[key] = gauges.get(key, 0.0) + value
+    return Scrape(at, counters, gauges, _histograms(buckets, sums))
+
+
+_KEEP = ("model_name", "le", "batch_size_bucket", "speculating", "finished_reason", "reason", "position")

@@ -1,0 +1,293 @@
+"""The fleet: pods that start, serve with continuous batching under the roofline model, and drain.
+
+Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the performance model's
+length at its current batch (a mixed step while it prefills), so its sequences get dt / T(B, ctx, k+1)
+steps of E[tokens | alpha, k] tokens each, and prompts share the step's token budget in arrival order.
+A gateway queue feeds the least-loaded ready pods up to `max_num_seqs`. Every pod keeps the engine's
+cumulative metrics (vLLM names), and `scrape()` hands them to the control loop as `Scrape`s, so the
+controller sees exactly what it would see from real engines.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from specfleet.operator import perfmodel as pm
+from specfleet.operator.control import window as w
+from specfleet.operator.control.calibration import ServiceModel
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+               0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, math.inf)
+BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MAX_PODS = 4096
+
+
+@dataclass
+class Totals:
+    requests: int = 0
+    met: int = 0
+    good_tokens: float = 0.0
+    tokens: float = 0.0
+    tpot_sum: float = 0.0
+    gpu_seconds: float = 0.0
+
+
+class Fleet:
+    """All pods of one service and the requests they serve."""
+
+    def __init__(self, model: ServiceModel, truth: pm.Calibration, prompt: int, startup_s: float,
+                 gpus_per_replica: int, kv_tokens: int, rng: np.random.Generator):
+        self.m, self.truth, self.prompt, self.startup_s = model, truth, prompt, startup_s
+        self.kv_tokens = kv_tokens
+        self.gpus, self.rng = gpus_per_replica, rng
+        self.created = np.full(MAX_PODS, np.inf)
+        self.ready_at = np.full(MAX_PODS, np.inf)
+        self.removed = np.zeros(MAX_PODS, bool)
+        self.draining = np.zeros(MAX_PODS, bool)
+        self.k = np.zeros(MAX_PODS, int)
+        self.n = 0
+        self.cf_k = max(1, model.max_k)
+        self._metrics()
+        self.req = {key: np.zeros(0) for key in ("rep", "start", "arrival", "pleft", "oleft", "first", "worst", "olen")}
+        self.queue_arrival, self.queue_out = np.zeros(0), np.zeros(0)
+        self.totals = Totals()
+        self.ttft_samples: list[np.ndarray] = []
+
+    def _metrics(self) -> None:
+        n = MAX_PODS
+        self.ttft_h = np.zeros((n, len(TTFT_BUCKETS)))
+        self.ttft_sum = np.zeros(n)
+        self.itl_h = np.zeros((n, len(ITL_BUCKETS)))
+        self.itl_sum = np.zeros(n)
+        self.batch_sum, self.batch_steps = np.zeros(n), np.zeros(n)
+        self.step_s = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
+        self.step_n = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
+        self.step_seqs = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
+        self.step_tokens = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
+        self.c = {name: np.zeros(n) for name in (w.PROMPT_TOKENS, w.GENERATION_TOKENS, w.DRAFTS, w.DRAFT_TOKENS,
+                                                 w.ACCEPTED_TOKENS, w.CF_DRAFT_TOKENS, w.CF_ACCEPTED_TOKENS)}
+
+    # -- pods ------------------------------------------------------------------------------------
+    def add_pods(self, count: int, now: float, k: int, ready_now: bool = False) -> None:
+        for _ in range(count):
+            i = self.n
+            self.n += 1
+            self.created[i], self.ready_at[i], self.k[i] = now, now if ready_now else now + self.startup_s, k
+
+    def alive(self) -> np.ndarray:
+        return np.flatnonzero(~self.removed[:self.n] & ~self.draining[:self.n])
+
+    def ready(self, now: float) -> np.ndarray:
+        ids = np.flatnonzero(~self.removed[:self.n])
+        return ids[self.ready_at[ids] <= now]
+
+    def remove_pods(self, count: int, now: float) -> None:
+        """Cancel starting pods first, then drain the least-loaded ready ones."""
+        ids = self.alive()
+        batch = np.bincount(self.req["rep"].astype(int), minlength=self.n)[:self.n]
+        order = sorted(ids, key=lambda i: (self.ready_at[i] <= now, batch[i], -i))
+        for i in order[:count]:
+            if self.ready_at[i] > now:
+                self.removed[i] = True
+            else:
+                self.draining[i] = True
+
+    def set_speculation(self, enabled: bool, k: int) -> None:
+        self.k[:self.n] = k if enabled else 0
+        self.cf_k = max(1, k)
+
+    # -- time ------------------------------------------------------------------------------------
+    def tick(self, t0: float, dt: float, rate: float, alpha: float) -> None:
+        self._arrive(t0, dt, rate)
+        self._admit(t0)
+        self._advance(t0, dt, alpha)
+        live = ~self.removed[:self.n] & (self.created[:self.n] <= t0)
+        self.totals.gpu_seconds += dt * self.gpus * int(live.sum())
+        empty = self.draining[:self.n] & (np.bincount(self.req["rep"].astype(int), minlength=self.n)[:self.n] == 0)
+        self.removed[:self.n] |= empty
+
+    def _arrive(self, t0: float, dt: float, rate: float) -> None:
+        count = self.rng.poisson(max(rate, 0.0) * dt)
+        if count:
+            arrivals = np.sort(self.rng.uniform(t0, t0 + dt, count))
+            mean = self.m.output_tokens
+            out = np.clip(self.rng.lognormal(math.log(mean) - 0.125, 0.5, count), 16, 4 * mean).round()
+            self.queue_arrival = np.concatenate([self.queue_arrival, arrivals])
+            self.queue_out = np.concatenate([self.queue_out, out])
+
+    def _admit(self, t0: float) -> None:
+        ids = self.ready(t0)
+        ids = ids[~self.draining[ids]]
+        if not len(ids) or not len(self.queue_arrival):
+            return
+        batch = np.bincount(self.req["rep"].astype(int), minlength=self.n)[ids]
+        free = np.maximum(self.m.max_num_seqs - batch, 0)
+        take = _waterfill(batch, free, min(int(free.sum()), len(self.queue_arrival)))
+        m = int(take.sum())
+        if not m:
+            return
+        rep = np.repeat(ids, take)
+        arrival, out = self.queue_arrival[:m], self.queue_out[:m]
+        self.queue_arrival, self.queue_out = self.queue_arrival[m:], self.queue_out[m:]
+        new = {"rep": rep.astype(float), "start": np.maximum(arrival, t0), "arrival": arrival,
+               "pleft": np.full(m, float(self.prompt)), "oleft": out, "first": np.full(m, np.nan),
+               "worst": np.zeros(m), "olen": out}
+        self.req = {key: np.concatenate([self.req[key], new[key]]) for key in self.req}
+        np.add.at(self.c[w.PROMPT_TOKENS], rep, self.prompt)
+
+    def _advance(self, t0: float, dt: float, alpha: float) -> None:
+        r, t1 = self.req, t0 + dt
+        if not len(r["rep"]):
+            return
+        rep = r["rep"].astype(int)
+        batch = np.bincount(rep, minlength=self.n).astype(float)
+        prefilling = np.bincount(rep, weights=(r["pleft"] > 0).astype(float), minlength=self.n) > 0
+        k = self.k[:self.n]
+        step = self._step_time(batch, k, prefilling)
+        steps = np.where(batch > 0, dt / step, 0.0)
+        tokens_per_step = _expected(alpha, k)
+        tpot = step / tokens_per_step
+        first_at = self._prefill(r, rep, batch, steps, t0, dt)
+        decode_from = np.where(np.isnan(r["first"]), t1, np.maximum(r["first"], np.maximum(r["start"], t0)))
+        toks = np.maximum(t1 - decode_from, 0.0) / tpot[rep]
+        toks = np.minimum(toks, np.maximum(r["oleft"], 0))
+        r["oleft"] -= toks
+        r["worst"] = np.where(toks > 0, np.maximum(r["worst"], tpot[rep]), r["worst"])
+        self._observe(rep, batch, steps, step, tpot, tokens_per_step, k, alpha, toks, first_at)
+        computed = np.maximum(batch * (k + 1), np.where(prefilling, self.m.chunk, 0))
+        pods = np.flatnonzero(batch > 0)
+        bucket, spec = np.searchsorted(BATCH_BOUNDS, batch[pods]), (k[pods] > 0).astype(int)
+        self.step_tokens[pods, bucket, spec] += steps[pods] * computed[pods]
+        self._finish(r)
+
+    def _prefill(self, r, rep, batch, steps, t0, dt) -> np.ndarray:
+        """Serve prompt tokens from each pod's per-step budget, oldest first; returns new first-token times."""
+        idx = np.flatnonzero(r["pleft"] > 0)
+        first_at = np.full(len(rep), np.nan)
+        if not len(idx):
+            return first_at
+        order = idx[np.lexsort((r["start"][idx], rep[idx]))]
+        pods = rep[order]
+        budget = steps * np.maximum(self.m.chunk - batch, 1.0)
+        left = r["pleft"][order]
+        cum = np.cumsum(left)
+        starts = np.r_[0, np.flatnonzero(np.diff(pods)) + 1]
+        within = cum - np.repeat(cum[starts] - left[starts], np.diff(np.r_[starts, len(order)]))
+        r["pleft"][order] = left - np.clip(budget[pods] - (within - left), 0, left)
+        finished = r["pleft"][order] <= 1e-9
+        done = order[finished]
+        frac = np.clip(within[finished] / np.maximum(budget[pods[finished]], 1e-9), 0, 1)
+        r["first"][done] = np.maximum(t0 + frac * dt, r["start"][done])
+        r["oleft"][done] -= 1
+        first_at[done] = r["first"][done]
+        return first_at
+
+    def _step_time(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
+        m, c = self.m.shape, self.truth
+        memory = (pm.weights_bytes(m) + batch * self.m.ctx * pm.kv_bytes_per_token(m)) / c.bw_eff
+        tokens = np.maximum(batch * (k + 1), np.where(prefilling, self.m.chunk, 0))
+        compute = 2 * m.parameters * np.maximum(tokens, 1) / c.flops_eff
+        return np.maximum(memory, compute) + c.t_fixed
+
+    def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, toks, first_at) -> None:
+        pods = np.flatnonzero(batch > 0)
+        per_pod = np.bincount(rep, weights=toks, minlength=self.n)
+        np.add.at(self.itl_h, (pods, np.searchsorted(ITL_BUCKETS, tpot[pods])), per_pod[pods])
+        self.itl_sum[pods] += per_pod[pods] * tpot[pods]
+        self.c[w.GENERATION_TOKENS][:self.n] += per_pod + np.bincount(rep[~np.isnan(first_at)], minlength=self.n)
+        got = np.flatnonzero(~np.isnan(first_at))
+        if len(got):
+            ttft = first_at[got] - self.req["arrival"][got]
+            np.add.at(self.ttft_h, (rep[got], np.searchsorted(TTFT_BUCKETS, ttft)), 1)
+            np.add.at(self.ttft_sum, rep[got], ttft)
+        self.batch_sum[pods] += batch[pods] * steps[pods]
+        self.batch_steps[pods] += steps[pods]
+        bucket = np.searchsorted(BATCH_BOUNDS, batch[pods])
+        spec = (k[pods] > 0).astype(int)
+        self.step_s[pods, bucket, spec] += steps[pods] * step[pods]
+        self.step_n[pods, bucket, spec] += steps[pods]
+        self.step_seqs[pods, bucket, spec] += steps[pods] * batch[pods]
+        drafts = steps[pods] * batch[pods]
+        on = k[pods] > 0
+        self.c[w.DRAFTS][pods[on]] += drafts[on]
+        self.c[w.DRAFT_TOKENS][pods[on]] += drafts[on] * k[pods][on]
+        self.c[w.ACCEPTED_TOKENS][pods[on]] += drafts[on] * (tokens_per_step[pods][on] - 1)
+        off = ~on
+        self.c[w.CF_DRAFT_TOKENS][pods[off]] += drafts[off] * self.cf_k
+        self.c[w.CF_ACCEPTED_TOKENS][pods[off]] += drafts[off] * (pm.expected_tokens(alpha, self.cf_k) - 1)
+
+    def _finish(self, r) -> None:
+        done = (r["oleft"] <= 1e-9) & ~np.isnan(r["first"])
+        if not done.any():
+            return
+        ttft = r["first"][done] - r["arrival"][done]
+        met = (ttft <= self.m.ttft_s) & (r["worst"][done] <= self.m.itl_s)
+        t = self.totals
+        t.requests += int(done.sum())
+        t.met += int(met.sum())
+        t.good_tokens += float(r["olen"][done][met].sum())
+        t.tokens += float(r["olen"][done].sum())
+        t.tpot_sum += float(r["worst"][done].sum())
+        self.ttft_samples.append(ttft.astype(np.float32))
+        self.req = {key: value[~done] for key, value in r.items()}
+
+    # -- what the control loop sees ------------------------------------------------------------
+    def queue_depth(self) -> int:
+        return len(self.queue_arrival)
+
+    def scrape(self, now: float) -> dict[str, w.Scrape]:
+        ids = self.ready(now)
+        batch = np.bincount(self.req["rep"].astype(int), minlength=self.n)
+        open_ids = ids[~self.draining[ids]]
+        waiting = self.queue_depth() / max(len(open_ids), 1)
+        out = {}
+        for i in ids:
+            out[f"pod-{i}"] = self._scrape_pod(i, now, batch[i], waiting if i in open_ids else 0.0)
+        return out
+
+    def _scrape_pod(self, i: int, now: float, running: float, waiting: float) -> w.Scrape:
+        hists = {w.TTFT: _hist(TTFT_BUCKETS, self.ttft_h[i], self.ttft_sum[i]),
+                 w.ITL: _hist(ITL_BUCKETS, self.itl_h[i], self.itl_sum[i]),
+                 w.BATCH_SIZE: w.Histogram((math.inf,), (self.batch_steps[i],), self.batch_sum[i])}
+        counters = {name: float(v[i]) for name, v in self.c.items()}
+        for b, bound in enumerate((*BATCH_BOUNDS, "256+")):
+            for s, flag in enumerate(("false", "true")):
+                if self.step_n[i, b, s] > 0:
+                    label = f"{{batch_size_bucket={bound},speculating={flag}}}"
+                    hists[w.STEP_TIME + label] = w.Histogram((math.inf,), (self.step_n[i, b, s],), self.step_s[i, b, s])
+                    counters[w.STEP_SEQS + label] = float(self.step_seqs[i, b, s])
+                    counters[w.STEP_TOKENS + label] = float(self.step_tokens[i, b, s])
+        kv = running * self.m.ctx / max(self.kv_tokens, 1)
+        gauges = {w.RUNNING: float(running), w.WAITING: float(waiting), w.KV_USAGE: float(min(kv, 1.0)),
+                  w.SPEC_ENABLED: float(self.k[i] > 0), w.SPEC_K: float(self.k[i] or self.cf_k)}
+        return w.Scrape(now, counters, gauges, hists)
+
+
+def _hist(bounds, counts, total) -> w.Histogram:
+    return w.Histogram(tuple(bounds), tuple(np.cumsum(counts).tolist()), float(total))
+
+
+def _expected(alpha: float, k: np.ndarray) -> np.ndarray:
+    if alpha >= 1:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _waterfill(batch: np.ndarray, free: np.ndarray, m: int) -> np.ndarray:
+    """Slots per pod so the least-loaded pods fill first; sums to m."""
+    if m <= 0:
+        return np.zeros_like(free)
+    cap = batch + free
+    lo, hi = int(batch.min()), int(cap.max())
+    while lo < hi:                       # smallest level L with sum(clip(L - batch, 0, free)) >= m
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if np.clip(mid - batch, 0, free).sum() < m else (lo, mid)
+    take = np.clip(lo - 1 - batch, 0, free)
+    extra = m - int(take.sum())
+    room = np.flatnonzero(take < np.clip(lo - batch, 0, free))
+    take[room[:extra]] += 1
+    return take

@@ -1,0 +1,156 @@
+"""One simulation: a scenario, a policy, a seed -> the summary and a time series."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from specfleet.operator import catalogs, perfmodel as pm, planner
+from specfleet.operator.control import autoscaler, speculation
+from specfleet.operator.control.calibration import ServiceModel, recalibrate, service_model
+from specfleet.operator.control.window import build_window
+from specfleet.operator.simulator import policies as P
+from specfleet.operator.simulator.fleet import Fleet
+from specfleet.operator.simulator.scenarios import Scenario
+
+INTERVAL_S = 15.0
+DT = 0.5
+# The fleet really streams memory 10% slower than the catalog's starting calibration; the control loop
+# must find that out from step times.
+TRUTH = {"bw_eff": 0.9, "flops_eff": 1.0, "t_fixed": 1.0}
+
+
+def setup(scenario: Scenario):
+    spec = scenario.spec
+    plan = planner.plan(spec, catalogs.gpus(), catalogs.models())
+    if isinstance(plan, planner.Infeasible):
+        raise ValueError(f"the scenario's service is infeasible: {plan.message}")
+    model = service_model(spec, plan, catalogs.gpus(), catalogs.models())
+    c = model.cal
+    truth = pm.Calibration(c.bw_eff * TRUTH["bw_eff"], c.flops_eff * TRUTH["flops_eff"], c.t_fixed * TRUTH["t_fixed"])
+    return spec, plan, model, truth
+
+
+def make_policies(name: str, scenario: Scenario, spec, model: ServiceModel, truth, fixed: int | None):
+    """(scaler, speculation controller) for a policy name."""
+    auto, sp = spec.autoscaling, spec.speculation
+    ours_spec = P.SpecfleetSpeculation(speculation.SpeculationPolicy.from_spec(sp),
+                                       speculation.SpeculationState(True, sp.max_speculative_tokens))
+    true_model = replace(model, cal=truth, prior=truth)
+    alpha0 = scenario.alpha(0)
+    k_peak = true_model.best_k(true_model.slo_batch(), alpha0)
+    peak = math.ceil(scenario.peak_rate() / true_model.replica_rps(0.7, alpha0, k_peak))
+    if fixed is not None:
+        scaler = P.StaticScaler(fixed, name="fixed")
+    elif name in ("specfleet",) + P.SPECULATION:
+        scaler = P.SpecfleetScaler(autoscaler.ScalingPolicy.from_spec(auto))
+    elif name == "static-peak":
+        scaler = P.StaticScaler(min(max(peak, auto.min_replicas), auto.max_replicas))
+    elif name == "inflight-target":
+        scaler = P.InflightScaler(0.7 * model.max_num_seqs, auto.min_replicas, auto.max_replicas)
+    elif name == "saturation":
+        scaler = P.SaturationScaler(auto.min_replicas, auto.max_replicas)
+    else:
+        raise KeyError(f"unknown policy {name!r}; one of {', '.join(P.POLICIES)}")
+    spec_ctl = {"spec-always-on": P.FixedSpeculation(True, sp.max_speculative_tokens, "spec-always-on"),
+                "spec-always-off": P.FixedSpeculation(False, sp.max_speculative_tokens, "spec-always-off"),
+                "spec-batch-table": P.BatchTableSpeculation(sp.max_speculative_tokens)}.get(name, ours_spec)
+    return scaler, spec_ctl, peak
+
+
+def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int | None = None,
+             interval_s: float = INTERVAL_S, dt: float = DT) -> dict:
+    spec, plan, model, truth = setup(scenario)
+    scaler, spec_ctl, peak = make_policies(policy, scenario, spec, model, truth, fixed_replicas)
+    rng = np.random.default_rng(seed)
+    fleet = Fleet(model, truth, spec.slo.prompt_tokens, scenario.startup_s, plan.gpus_per_replica,
+                  plan.kv_cache_blocks * plan.block_size, rng)
+    enabled, k = _initial_speculation(spec_ctl, spec)
+    fleet.set_speculation(enabled, k)
+    start = _initial_replicas(scaler, scenario, model, spec)
+    fleet.add_pods(start, 0.0, k if enabled else 0, ready_now=True)
+    prev, series, actions, switches = fleet.scrape(0.0), [], 0, 0
+    next_control, t = interval_s, 0.0
+    while t < scenario.duration_s - 1e-9:
+        fleet.tick(t, dt, scenario.rate(t + dt / 2), scenario.alpha(t + dt / 2))
+        t += dt
+        if t + 1e-9 < next_control:
+            continue
+        next_control += interval_s
+        cur = fleet.scrape(t)
+        window = build_window(prev, cur, expected=len(cur))
+        prev = cur
+        if window is not None and window.complete:
+            model = recalibrate(model, window.steps, k)
+        on, new_k, spec_reason = spec_ctl.decide(window, model, t)
+        if (on, new_k if on else 0) != (enabled, k if enabled else 0):
+            switches += int(on != enabled)
+            enabled, k = on, new_k
+            fleet.set_speculation(enabled, k)
+        current = len(fleet.alive())
+        alpha = scenario.alpha(t) if window is None or window.acceptance_rate is None else _alpha(window, k)
+        ready = int(sum(1 for i in fleet.ready(t) if not fleet.draining[i]))
+        desired, reason = scaler.decide(window, model, current, t, alpha if enabled else 0.0, k if enabled else 0,
+                                        ready)
+        if desired != current:
+            actions += 1
+            if desired > current:
+                fleet.add_pods(desired - current, t, k if enabled else 0)
+            else:
+                fleet.remove_pods(current - desired, t)
+        series.append(_point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason))
+    return _summary(scenario, policy, fleet, series, actions, switches, peak, model, seed)
+
+
+def _alpha(window, k) -> float:
+    from specfleet.operator.control.calibration import alpha_from_acceptance
+    return alpha_from_acceptance(window.acceptance_rate, window.num_speculative_tokens or k or 1)
+
+
+def _initial_speculation(spec_ctl, spec) -> tuple[bool, int]:
+    if isinstance(spec_ctl, P.FixedSpeculation):
+        return spec_ctl.enabled, spec_ctl.k
+    return True, spec.speculation.max_speculative_tokens
+
+
+def _initial_replicas(scaler, scenario, model, spec) -> int:
+    if isinstance(scaler, P.StaticScaler):
+        return scaler.replicas
+    alpha = scenario.alpha(0)
+    per = model.replica_rps(0.7, alpha, model.best_k(model.slo_batch(), alpha))
+    auto = spec.autoscaling
+    return min(max(math.ceil(scenario.rate(0) / per), auto.min_replicas), auto.max_replicas)
+
+
+def _point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason) -> dict:
+    ttft = window.ttft_p99 if window is not None else None
+    itl = window.itl_p99 if window is not None else None
+    return {"t": t, "rate": scenario.rate(t), "alpha": scenario.alpha(t), "replicas": len(fleet.alive()),
+            "ready": int(sum(1 for i in fleet.ready(t) if not fleet.draining[i])), "queue": fleet.queue_depth(),
+            "batch": None if window is None else window.batch_size_mean,
+            "ttft_p99_ms": None if ttft is None else round(ttft * 1000, 1),
+            "itl_p99_ms": None if itl is None else round(itl * 1000, 2),
+            "speculation": bool(enabled), "k": int(k if enabled else 0), "scale_reason": reason,
+            "speculation_reason": spec_reason}
+
+
+def _summary(scenario, policy, fleet, series, actions, switches, peak, model, seed) -> dict:
+    tot = fleet.totals
+    ttfts = np.concatenate(fleet.ttft_samples) if fleet.ttft_samples else np.zeros(1)
+    stuck = int(np.sum(scenario.duration_s - fleet.queue_arrival > model.ttft_s))
+    requests = tot.requests + stuck
+    return {"scenario": scenario.name, "policy": policy, "seed": seed, "duration_s": scenario.duration_s,
+            "requests": requests,
+            "slo_attainment": round(tot.met / requests, 5) if requests else None,
+            "goodput": round(tot.good_tokens / scenario.duration_s, 1),
+            "throughput": round(tot.tokens / scenario.duration_s, 1),
+            "gpu_hours": round(tot.gpu_seconds / 3600, 3),
+            "goodput_per_gpu_hour": round(tot.good_tokens / max(tot.gpu_seconds / 3600, 1e-9), 1),
+            "scaling_actions": actions, "speculation_switches": switches,
+            "mean_tpot_ms": round(1000 * tot.tpot_sum / max(tot.requests, 1), 2),
+            "ttft_p99_ms": round(float(np.quantile(ttfts, 0.99)) * 1000, 1),
+            "max_replicas": max((p["replicas"] for p in series), default=0), "static_peak_replicas": peak,
+            "calibration": {"bw_eff": model.cal.bw_eff, "flops_eff": model.cal.flops_eff,
+                            "t_fixed": model.cal.t_fixed},
+            "series": series}

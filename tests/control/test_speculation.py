@@ -1,0 +1,81 @@
+"""The speculation controller on crafted windows."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specfleet.operator.control import speculation as s
+from specfleet.operator.control.calibration import alpha_from_acceptance
+
+POLICY = s.SpeculationPolicy(mode="auto", max_k=4, min_acceptance=0.5, dwell_s=60, reprobe_s=300)
+
+
+def feed(model, windows, state, policy=POLICY, every=15.0):
+    out = []
+    for i, w in enumerate(windows):
+        d, state = s.decide(w, model, policy, state, 1000.0 + i * every)
+        out.append(d)
+    return out, state
+
+
+def threshold_model(model):
+    """The service with a low verify roofline so maxBatchForSpeculation is a small batch."""
+    slow = replace(model, cal=replace(model.cal, flops_eff=model.cal.flops_eff / 40))
+    return slow
+
+
+def test_speculation_turns_off_past_the_batch_threshold_and_back_on_below_it_after_the_dwell(model, make_window):
+    m = threshold_model(model)
+    mbs = m.max_batch_for_speculation(alpha_from_acceptance(0.6, 4))
+    assert 2 < mbs < 200
+    small = make_window(batch=mbs * 0.5, acceptance=0.6, counterfactual=0.6, k=4)
+    big = make_window(batch=mbs * 2.0, acceptance=0.6, counterfactual=0.6, k=4)
+    state = s.SpeculationState(True, m.best_k(mbs * 0.5, alpha_from_acceptance(0.6, 4)), since=0.0)
+    decisions, state = feed(m, [small, big], state)
+    assert decisions[0].enabled and not decisions[1].enabled and decisions[1].reason == "BatchAboveThreshold"
+    off_at = 1015.0
+    # the batch shrinks at once, but the controller keeps speculation off for the dwell time
+    decisions, state = feed(m, [small] * 6, state)
+    times = [1000.0 + 15 * i for i in range(6)]
+    first_on = next(t for t, d in zip(times, decisions) if d.enabled)
+    assert first_on - off_at >= POLICY.dwell_s - 15 and decisions[0].reason == "Dwell"
+    assert next(d for d in decisions if d.enabled).reason == "SpeculationPays"
+
+
+def test_hysteresis_keeps_the_state_near_the_threshold(model, make_window):
+    m = threshold_model(model)
+    mbs = m.max_batch_for_speculation(alpha_from_acceptance(0.6, 4))
+    near = [make_window(batch=mbs * f, acceptance=0.6, counterfactual=0.6) for f in (1.05, 0.95, 1.1, 0.9)]
+    on, _ = feed(m, near, s.SpeculationState(True, 2, since=0.0))
+    off, _ = feed(m, near, s.SpeculationState(False, 2, since=0.0))
+    assert all(d.enabled for d in on) and not any(d.enabled for d in off)
+
+
+def test_low_acceptance_turns_speculation_off(model, make_window):
+    d, _ = feed(model, [make_window(batch=8, acceptance=0.1, k=4)], s.SpeculationState(True, 4, since=0.0))
+    assert not d[0].enabled and d[0].reason == "LowAcceptance"
+
+
+def test_counterfactual_acceptance_turns_it_back_on(model, make_window):
+    w = make_window(batch=8, acceptance=None, counterfactual=0.7, k=4)
+    d, st = feed(model, [w], s.SpeculationState(False, 4, since=0.0))
+    assert d[0].enabled and d[0].reason == "SpeculationPays" and st.k >= 1
+
+
+def test_without_counterfactual_evidence_it_reprobes_after_a_while(model, make_window):
+    w = make_window(batch=8, acceptance=None, counterfactual=None)
+    d, _ = feed(model, [w], s.SpeculationState(False, 4, since=900.0))
+    assert not d[0].enabled and d[0].reason == "NoAcceptanceEvidence"
+    d, st = feed(model, [w], s.SpeculationState(False, 4, since=0.0))
+    assert d[0].enabled and d[0].reason == "Reprobe" and st.probing
+
+
+def test_missing_batch_holds(model, make_window):
+    w = replace(make_window(), batch_size_mean=None)
+    d, st = feed(model, [w, None], s.SpeculationState(True, 4, since=0.0))
+    assert all(x.enabled and not x.changed for x in d)
+
+
+def test_mode_off_never_enables(model, make_window):
+    d, _ = feed(model, [make_window(counterfactual=0.9)], s.SpeculationState(False, 4, since=0.0),
+                policy=replace(POLICY, mode="off"))
+    assert not d[0].enabled

@@ -1,0 +1,92 @@
+"""Scrapes -> windows: rates from counters, p99 from buckets, unknown is not zero."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specfleet.operator.control.window import Histogram, Scrape, build_window, quantile, share_below
+from specfleet.operator.metrics_source import parse_exposition, scrapes_from_vector
+
+EXPOSITION = """\
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{model_name="m"}} {waiting}
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="m"}} 8
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{{model_name="m"}} {gen}
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{le="0.1",model_name="m"}} {fast}
+vllm:time_to_first_token_seconds_bucket{{le="1.0",model_name="m"}} {all}
+vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} {all}
+vllm:time_to_first_token_seconds_sum{{model_name="m"}} 1.0
+vllm:time_to_first_token_seconds_count{{model_name="m"}} {all}
+# TYPE specfleet:step_duration_seconds histogram
+specfleet:step_duration_seconds_bucket{{batch_size_bucket="8",le="+Inf",model_name="m",speculating="false"}} {steps}
+specfleet:step_duration_seconds_sum{{batch_size_bucket="8",model_name="m",speculating="false"}} {stepsum}
+specfleet:step_duration_seconds_count{{batch_size_bucket="8",model_name="m",speculating="false"}} {steps}
+# TYPE specfleet:step_seqs counter
+specfleet:step_seqs_total{{batch_size_bucket="8",model_name="m",speculating="false"}} {seqs}
+"""
+
+
+def scrape(t, waiting=0, gen=0, fast=0, all=0, steps=0, stepsum=0.0, seqs=0):
+    return parse_exposition(EXPOSITION.format(waiting=waiting, gen=gen, fast=fast, all=all, steps=steps,
+                                              stepsum=stepsum, seqs=seqs), t)
+
+
+def test_counters_become_rates_and_buckets_become_quantiles():
+    w = build_window({"a": scrape(0, gen=100, fast=10, all=10)},
+                     {"a": scrape(10, waiting=4, gen=600, fast=60, all=110, steps=100, stepsum=2.0, seqs=700)}, 1)
+    assert w.complete and w.seconds == 10
+    assert w.requests_per_second == pytest.approx(10.0)           # 100 first tokens in 10 s
+    assert w.generation_tokens_per_second == pytest.approx(50.0)
+    assert w.queue_growth_per_second == pytest.approx(0.4) and w.queue_depth == 4
+    assert 0.1 < w.ttft_p99 <= 1.0 and w.ttft.count == 100
+    assert w.steps[0].batch == pytest.approx(7.0) and w.steps[0].seconds == pytest.approx(0.02)
+
+
+def test_a_pod_that_was_not_scraped_makes_the_window_incomplete_not_zero():
+    prev = {"a": scrape(0, gen=100), "b": scrape(0, gen=100)}
+    w = build_window(prev, {"a": scrape(10, gen=200)}, expected=2)
+    assert not w.complete and w.pods_scraped == 1
+
+
+def test_no_previous_scrape_means_no_window():
+    assert build_window({}, {"a": scrape(10)}, expected=1) is None
+
+
+def test_a_restarted_pod_counts_from_zero():
+    w = build_window({"a": scrape(0, gen=1000)}, {"a": scrape(10, gen=300)}, 1)
+    assert w.generation_tokens_per_second == pytest.approx(30.0)
+
+
+def test_a_pod_that_became_ready_inside_the_window_contributes():
+    w = build_window({"a": scrape(0, gen=0)}, {"a": scrape(10, gen=100), "b": scrape(10, gen=50)}, 2)
+    assert w.complete and w.generation_tokens_per_second == pytest.approx(15.0)
+
+
+def test_missing_series_are_unknown():
+    w = build_window({"a": Scrape(0)}, {"a": Scrape(10)}, 1)
+    assert w.requests_per_second is None and w.ttft_p99 is None and w.acceptance_rate is None
+    assert w.queue_depth is None and w.batch_size_mean is None
+
+
+def test_quantile_and_share_follow_prometheus_interpolation():
+    h = Histogram((1.0, 2.0, math.inf), (50.0, 100.0, 100.0))
+    assert quantile(h, 0.5) == pytest.approx(1.0)
+    assert quantile(h, 0.75) == pytest.approx(1.5)
+    assert share_below(h, 1.5) == pytest.approx(0.75)
+    assert quantile(Histogram((1.0, math.inf), (0.0, 0.0)), 0.99) is None
+
+
+def test_prometheus_vectors_become_the_same_scrapes():
+    vector = [{"metric": {"__name__": "vllm:generation_tokens_total", "pod": "p", "model_name": "m"},
+               "value": [5.0, "42"]},
+              {"metric": {"__name__": "vllm:num_requests_waiting", "pod": "p"}, "value": [5.0, "3"]},
+              {"metric": {"__name__": "vllm:time_to_first_token_seconds_bucket", "pod": "p", "le": "+Inf"},
+               "value": [5.0, "7"]},
+              {"metric": {"__name__": "vllm:time_to_first_token_seconds_sum", "pod": "p"}, "value": [5.0, "1.5"]}]
+    s = scrapes_from_vector(vector)["p"]
+    assert s.counters["vllm:generation_tokens"] == 42 and s.gauges["vllm:num_requests_waiting"] == 3
+    assert s.histograms["vllm:time_to_first_token_seconds"].count == 7 and s.time == 5.0

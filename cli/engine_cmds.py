@@ -82,6 +82,8 @@ def serve(
     admin_token_file: Optional[str] = typer.Option(None, help="File with the admin API bearer token."),
     max_waiting_requests: int = typer.Option(1024, help="Waiting-queue bound; past it requests get 429."),
     drain_timeout: float = typer.Option(30.0, help="Seconds in-flight requests get to finish on SIGTERM."),
+    max_request_bytes: int = typer.Option(4 * 1024 * 1024, help="Largest request body; past it 413."),
+    max_stop_strings: int = typer.Option(16, help="Most stop strings in one request; past it 400."),
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     seed: int = typer.Option(0, help="Engine seed."),
@@ -89,6 +91,7 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with Prometheus metrics and an admin API."""
     from specfleet.engine.config import EngineConfig
+    from specfleet.engine.server.limits import ServerLimits
     from specfleet.engine.server.serve import run_server
 
     try:
@@ -100,6 +103,7 @@ def serve(
             draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
             speculation_enabled=_parse_bool(speculation_enabled, "--speculation-enabled"),
             max_waiting_requests=max_waiting_requests, dtype=dtype, device=device, seed=seed)
+        limits = ServerLimits(max_request_bytes=max_request_bytes, max_stop_strings=max_stop_strings)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    run_server(config, host, port, admin_token_file, drain_timeout, log_level)
+    run_server(config, host, port, admin_token_file, drain_timeout, log_level, limits)

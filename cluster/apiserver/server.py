@@ -13,6 +13,7 @@ from typing import Iterator
 
 from aiohttp import web
 
+from specfleet.cluster.apiserver.faults import Faults
 from specfleet.cluster.apiserver.gc import GarbageCollector
 from specfleet.cluster.apiserver.kubeconfig import write_kubeconfig
 from specfleet.cluster.apiserver.meta import new_uid, now
@@ -33,6 +34,7 @@ class ServerConfig:
     state_file: Path | None = None
     history_size: int = 50_000
     bookmark_interval: float = 10.0
+    faults: bool = False                 # tests only: the /_faults injection endpoint (faults.py)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ApiServer:
         self.service.restore_crds()
         if self.state:
             self.store.listeners.append(self.state.on_event)
+        self.faults = Faults() if self.config.faults else None
         self.port = self.config.port
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()
@@ -72,7 +75,10 @@ class ApiServer:
                                     "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[status_errors], client_max_size=64 * 1024 * 1024)
+        middlewares = [status_errors] + ([self.faults.middleware] if self.faults else [])
+        app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
+        if self.faults:
+            app.add_routes(self.faults.routes())
         app.add_routes(Api(self.service, self.config.bookmark_interval).routes())
         return app
 

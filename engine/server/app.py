@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specfleet.engine.server import admin
 from specfleet.engine.server.async_engine import AsyncEngine
+from specfleet.engine.server.limits import AdmissionGate, BodyLimit, ServerLimits
 from specfleet.engine.server.metrics import ServerMetrics
 from specfleet.engine.server.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
                                                      error_body, model_card)
@@ -30,11 +31,13 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                503: "service_unavailable_error"}
 
 
-def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_token: str | None = None) -> FastAPI:
+def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_token: str | None = None,
+               limits: ServerLimits | None = None) -> FastAPI:
     """Build the app around an AsyncEngine; the app's lifespan starts and stops its stepping thread."""
     metrics = metrics or ServerMetrics(engine.engine.model_name)
     metrics.attach(engine)
-    state = ServerState(engine, metrics, engine.engine.model_name, admin_token)
+    limits = limits or ServerLimits()
+    state = ServerState(engine, metrics, engine.engine.model_name, admin_token, limits)
     serving = OpenAIServing(state)
 
     @asynccontextmanager
@@ -45,6 +48,9 @@ def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_
 
     app = FastAPI(title="specfleet engine", lifespan=lifespan)
     app.state.server = state
+    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
+    config = engine.engine.config
+    app.add_middleware(AdmissionGate, limit=limits.max_in_flight or config.max_num_seqs + config.max_waiting_requests)
     _install_error_handlers(app)
     app.include_router(admin.router)
 

@@ -21,6 +21,7 @@ from specfleet.engine.outputs import RequestOutput
 from specfleet.engine.sampling_params import SamplingParams
 from specfleet.engine.server import openai_protocol as proto
 from specfleet.engine.server.async_engine import EngineDead, RequestStream, SubRequest
+from specfleet.engine.server.limits import ServerLimits
 from specfleet.engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 
 DISCONNECT_POLL_S = 0.5
@@ -33,6 +34,7 @@ class ServerState:
     metrics: "ServerMetrics"                   # noqa: F821 - specfleet.engine.server.metrics
     model_name: str
     admin_token: str | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
     created: int = field(default_factory=proto.now)
     draining: bool = False
     in_flight: int = 0
@@ -102,6 +104,22 @@ class OpenAIServing:
         field_name = req.unsupported()
         if field_name:
             raise proto.bad_request(f"`{field_name}` is not supported by this server", field_name, "unsupported")
+        self._check_limits(req)
+
+    def _check_limits(self, req) -> None:
+        limits = self.state.limits
+        stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        if len(stops) > limits.max_stop_strings:
+            raise proto.bad_request(f"at most {limits.max_stop_strings} stop strings per request", "stop",
+                                    "too_many_stop_strings")
+        if any(len(s) > limits.max_stop_chars for s in stops):
+            raise proto.bad_request(f"stop strings are limited to {limits.max_stop_chars} characters", "stop",
+                                    "stop_string_too_long")
+        if len(req.stop_token_ids or ()) > limits.max_stop_token_ids:
+            raise proto.bad_request(f"at most {limits.max_stop_token_ids} stop_token_ids per request",
+                                    "stop_token_ids", "too_many_stop_token_ids")
+        if req.n > limits.max_n:
+            raise proto.bad_request(f"n must be at most {limits.max_n}", "n")
 
     def _params(self, req, prompt_len: int, max_tokens: int | None, logprobs: int | None, seed_offset: int,
                 param: str) -> SamplingParams:
@@ -127,8 +145,8 @@ class OpenAIServing:
 
     def _job(self, req, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None,
              prefix: str, param: str) -> _Job:
-        if len(prompts) * req.n > proto.MAX_CHOICES:
-            raise proto.bad_request(f"at most {proto.MAX_CHOICES} choices (prompts x n) per request", "n")
+        if len(prompts) * req.n > self.state.limits.max_choices:
+            raise proto.bad_request(f"at most {self.state.limits.max_choices} choices (prompts x n) per request", "n")
         params = [self._params(req, len(p), max_tokens, logprobs, j, param) for p in prompts for j in range(req.n)]
         stops = params[0].stop if params else []
         include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)

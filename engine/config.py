@@ -36,7 +36,7 @@ class EngineConfig:
     draft_model: str | None = None
     num_speculative_tokens: int = 0
     speculation_enabled: bool = True
-    ngram_min: int = 1
+    ngram_min: int = 2
     ngram_max: int = 4
     extra: dict = field(default_factory=dict)
 

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
+from specfleet.engine.cpu_tuning import release_free_memory
 from specfleet.engine.engine import LLMEngine
 from specfleet.engine.outputs import RequestOutput
 from specfleet.engine.sampling_params import SamplingParams
@@ -141,14 +142,17 @@ class AsyncEngine:
 
     # ---- the stepping thread ---------------------------------------------------------------
     def _run(self) -> None:
+        trimmed = False
         try:
             while not self._stop.is_set():
                 self._wake.clear()
                 self._apply_commands()
                 if self.engine.has_unfinished():
                     self._step()
-                else:
-                    self._wake.wait(IDLE_WAIT_S)
+                    trimmed = False
+                elif not self._wake.wait(IDLE_WAIT_S) and not trimmed:
+                    release_free_memory()                 # idle: give the step's heap back to the OS
+                    trimmed = True
         except BaseException as exc:          # noqa: BLE001 - report, then fail every open stream
             log.exception("engine step failed")
             self.error = exc

@@ -156,6 +156,22 @@ def service_model(spec, plan, gpus, models) -> ServiceModel | None:
         draft = pm.draft_time_fn(planner.model_shape(models.lookup(sp.draft_model), sp.draft_model.dtype), cal, ctx)
     return ServiceModel(shape=shape, cal=cal, prior=cal, ctx=ctx, prompt_tokens=slo.prompt_tokens,
                         output_tokens=slo.output_tokens, ttft_s=slo.ttft_p99_ms / 1000, itl_s=slo.itl_p99_ms / 1000,
-                        max_num_seqs=plan.max_num_seqs, chunk=plan.max_num_batched_tokens,
+                        max_num_seqs=_engine_arg(spec, "--max-num-seqs", plan.max_num_seqs),
+                        chunk=_engine_arg(spec, "--max-num-batched-tokens", plan.max_num_batched_tokens),
                         max_k=sp.max_speculative_tokens if sp.mode != "off" else 0,
                         min_acceptance=sp.min_acceptance_rate, draft=draft)
+
+
+def _engine_arg(spec, flag: str, planned: int) -> int:
+    """The engine's value of an integer flag: `runtime.extraArgs` come after the plan's args, so the last
+    occurrence there (`--flag N` or `--flag=N`) is what the engine runs with; else the plan's."""
+    args, value = list(spec.runtime.extra_args), planned
+    for i, arg in enumerate(args):
+        raw = args[i + 1] if arg == flag and i + 1 < len(args) else (
+            arg.split("=", 1)[1] if arg.startswith(flag + "=") else None)
+        if raw is not None:
+            try:
+                value = max(1, int(raw))
+            except ValueError:
+                pass
+    return value

@@ -42,6 +42,11 @@ def now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+def retry_backoff(retry: int) -> float:
+    """Seconds before retry number `retry + 1` of a reconcile that hit API trouble: 1, 2, 4, ... 60."""
+    return float(min(2 ** retry, 60))
+
+
 def reconcile(body: dict, k: Kube, now: str) -> Outcome:
     """Plan, render and apply one InferenceService; never raises for a bad spec."""
     meta, old = body["metadata"], body.get("status") or {}
@@ -148,8 +153,16 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
-def reconcile_service(body: kopf.Body, patch: kopf.Patch, **_) -> None:
-    outcome = reconcile(_plain(body), kube(), now_iso())
+def reconcile_service(body: kopf.Body, patch: kopf.Patch, retry: int = 0, **_) -> None:
+    k = kube()
+    try:
+        outcome = reconcile(_plain(body), k, now_iso())
+    except Exception as exc:
+        if not k.transient(exc):
+            raise
+        # kopf's default for an arbitrary error is a flat 60 s; API trouble is retried sooner, doubling.
+        raise kopf.TemporaryError(f"API server: {type(exc).__name__}: {str(exc)[:200]}",
+                                  delay=retry_backoff(retry)) from exc
     patch.status.update(outcome.status)
     _post(body, outcome.events)
 
@@ -162,7 +175,16 @@ async def control_service(body: kopf.Body, patch: kopf.Patch, **_) -> None:
     if plain["metadata"].get("deletionTimestamp"):
         control.forget(plain["metadata"]["namespace"], plain["metadata"]["name"])
         return
-    outcome = await control.run_once(plain, kube(), now_iso())
+    k = kube()
+    try:
+        outcome = await control.run_once(plain, k, now_iso())
+    except Exception as exc:
+        if not k.transient(exc):
+            raise
+        # The next interval re-reads everything; kopf's 60 s timer backoff would stall the loop instead.
+        logging.getLogger(__name__).warning("control interval of %s/%s skipped: API server: %s",
+                                            plain["metadata"]["namespace"], plain["metadata"]["name"], exc)
+        return
     if outcome is None:
         return
     patch.status.update(outcome.status)

@@ -3,16 +3,26 @@
 Uses the `kubernetes` client with raw JSON in and out (no model classes), so what the renderer returns
 is exactly what is sent and compared. `apply` writes only when the live object drifted from the
 desired one (`is_subset`), which keeps reconciliation idempotent and cheap.
+
+Every call has a timeout (`SPECFLEET_API_TIMEOUT` seconds, default 30): the client's default is none,
+so a hung API server would block a handler (and its worker thread) forever instead of failing it into
+kopf's retry.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from specfleet.operator.api import GROUP, PLURAL, VERSION
 
 MERGE = "application/merge-patch+json"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def request_timeout() -> float:
+    return float(os.environ.get("SPECFLEET_API_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
 def is_subset(desired: Any, actual: Any) -> bool:
@@ -38,10 +48,11 @@ class _Verbs:
 class Kube:
     """Just the verbs the operator needs, over a kubernetes.client.ApiClient."""
 
-    def __init__(self, api_client):
+    def __init__(self, api_client, timeout: float | None = None):
         from kubernetes import client
 
         self.client = client
+        _default_timeout(api_client, timeout if timeout is not None else request_timeout())
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
@@ -63,6 +74,14 @@ class Kube:
             "Secret": _Verbs(self.core.read_namespaced_secret, self.core.create_namespaced_secret,
                              self.core.patch_namespaced_secret, self.core.delete_namespaced_secret),
         }
+
+    def transient(self, exc: BaseException) -> bool:
+        """An API error worth retrying later: a timeout, a dropped connection, 409/429/5xx."""
+        import urllib3
+
+        if isinstance(exc, self.client.ApiException):
+            return exc.status in (0, 409, 429) or (exc.status or 0) >= 500
+        return isinstance(exc, (urllib3.exceptions.HTTPError, OSError))
 
     @classmethod
     def from_environment(cls) -> "Kube":
@@ -130,3 +149,18 @@ class Kube:
         self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
                                                           {"status": status}, _content_type=MERGE,
                                                           _preload_content=False)
+
+
+def _default_timeout(api_client, seconds: float) -> None:
+    """Give every request of `api_client` a timeout unless the caller set one."""
+    rest = api_client.rest_client
+    if getattr(rest, "_specfleet_timeout", None) is not None:
+        rest._specfleet_timeout = seconds
+        return
+    request = rest.request
+
+    def with_timeout(*args, _request_timeout=None, **kwargs):
+        return request(*args, _request_timeout=_request_timeout or rest._specfleet_timeout, **kwargs)
+
+    rest._specfleet_timeout = seconds
+    rest.request = with_timeout

@@ -3,12 +3,14 @@
 `POST /_faults {"method": "POST", "path": "/deployments", "status": 500, "count": 2, "delay_s": 0}` makes the
 next `count` matching requests (method, path substring) wait `delay_s` and then fail with `status` (a
 Kubernetes Status body; 409 is a Conflict) — or, with `status: 0`, only wait (a slow server, for timeouts).
-`GET /_faults` lists the rules and how often each fired; `DELETE /_faults` clears them.
+`GET /_faults` lists the rules, how often each fired and when (`fired_at`, epoch seconds: the spacing of a
+client's retries); `DELETE /_faults` clears them.
 """
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 
 from aiohttp import web
 
@@ -26,6 +28,7 @@ class Fault:
     count: int = 1
     delay_s: float = 0.0
     fired: int = 0
+    fired_at: list[float] = field(default_factory=list)
 
     def matches(self, request: web.Request) -> bool:
         return self.fired < self.count and request.method == self.method.upper() and self.path in request.path
@@ -58,6 +61,7 @@ class Faults:
         if rule is None:
             return await handler(request)
         rule.fired += 1
+        rule.fired_at.append(time.time())
         await asyncio.sleep(rule.delay_s)
         if rule.status == 0:
             return await handler(request)

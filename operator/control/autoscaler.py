@@ -1,14 +1,17 @@
 """The autoscaler (pure): a metrics window and the calibrated model -> desired replicas, with a reason.
 
-    demand   = admitted requests/s + queue growth/s + queue / drain time
+    arrivals = first tokens/s + queue growth/s + running growth/s (admitted, not yet prefilled)
+    demand   = arrivals + headroom (1 x the observed arrival noise, <= 25%) + queue / drain time
     capacity = requests/s one replica carries at `target_utilization` of the batch that holds the ITL target
     need     = ceil(demand / capacity)
 
-Faster up than down: a scale-up is immediate on an SLO violation, a growing queue or a jump of half the
-fleet or more (the fast path), otherwise it waits for the recommendation to persist over
+Faster up than down: a scale-up is immediate on an SLO violation, a growing queue, a jump of half the
+fleet or more, or a trend (a rise out of the noise seen twice, or once while the fleet is short), which
+provisions for the load one start-up delay ahead plus the backlog built until new pods serve (the fast
+path), otherwise it waits for the recommendation to persist over
 `scale_up_stabilization_s` (the smallest recommendation in that window wins). A scale-down takes the
-largest recommendation of the last `scale_down_stabilization_s`, only once that much time has passed
-since the last change, and only when the smaller fleet is predicted to hold the SLO. Steps are bounded
+largest recommendation of the last `scale_down_stabilization_s`, only once `down_cooldown_s` has passed
+since the last scale-up, and only when the smaller fleet is predicted to hold the SLO. Steps are bounded
 (up: x2 or +4, down: -25% or -1), results lie in [min, max], and an incomplete window (a pod not
 scraped, no traffic evidence) changes nothing: missing is not zero.
 """
@@ -34,6 +37,14 @@ class ScalingPolicy:
     max_up_pods: int = 4
     fast_up_factor: float = 4.0         # bound of a fast-path step
     lookahead_s: float = 45.0           # a fast-path step provisions for the load this far ahead
+                                        # (pod start-up + one interval: when new pods can first serve)
+    startup_s: float = 30.0             # pod creation -> ready, for the backlog the fleet builds meanwhile
+    max_growth: float = 3.0             # the prediction adds at most this many times the observed arrivals
+    headroom_z: float = 1.0             # provision this many standard deviations of arrival noise
+    headroom_cap: float = 0.25          # ... but at most this share of the arrivals
+    noise_halflife_s: float = 300.0     # memory of the arrival-noise estimate
+    jump_sigmas: float = 3.0            # a one-window rise counts when above this many noise deviations
+    down_cooldown_s: float = 120.0      # no scale-down this soon after a scale-up (then the window rules)
     max_down_share: float = 0.25
 
     @classmethod
@@ -47,8 +58,11 @@ class ScalingPolicy:
 class AutoscalerState:
     history: tuple[tuple[float, int], ...] = ()   # (time, recommended replicas), newest last
     last_up: float = -math.inf
-    last_rps: float | None = None
+    last_rps: float | None = None       # arrivals (req/s) of the previous window
     last_time: float | None = None
+    last_inflight: float | None = None  # running + waiting at the previous window's end
+    last_slope: float = 0.0             # arrival growth (req/s per s) seen by the previous window
+    noise: float = 0.0                  # EWMA of squared window-to-window arrival changes ((req/s)^2)
 
 
 @dataclass(frozen=True)
@@ -76,12 +90,26 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
     missing = _missing(window)
     if missing:
         return ScaleDecision(current, current, "MetricsUnavailable", missing), state
-    demand = _demand(window, policy)
-    slope = _slope(window, state)
-    state = replace(state, last_rps=_arrivals(window), last_time=now)
+    arrivals = _arrivals(window, state)
+    slope = _slope(window, state, arrivals)
+    noise = _noise(window, state, arrivals, policy)
+    # A rise is a trend when it stands out of the noise (the estimate, at least Poisson counting noise)
+    # and either the previous window rose too or the fleet is already short (SLO miss, queue growing).
+    # A one-window step with the SLO held is met by the load-based need alone (no extrapolation), so
+    # a blip or an oscillation cannot ratchet the fleet up.
+    jump = slope * window.seconds
+    floor = 0.0 if state.last_rps is None else state.last_rps / window.seconds   # Poisson counting noise
+    significant = jump > policy.jump_sigmas * math.sqrt(2 * max(state.noise, floor))
+    short = bool(_violation(window, model)) or _growing(window)
+    rising = significant and (state.last_slope > 0 or short)
+    state = replace(state, last_rps=arrivals, last_time=now, last_slope=slope, noise=noise,
+                    last_inflight=_inflight(window))
     output = window.output_tokens_per_request
     per_replica = model.replica_rps(policy.target_utilization, alpha, k, output)
-    steady = _replicas(_arrivals(window), per_replica, policy)
+    full = model.replica_rps(1.0, alpha, k, output)     # what a replica carries at its SLO batch
+    headroom = min(policy.headroom_z * math.sqrt(noise), policy.headroom_cap * arrivals)
+    demand = _demand(window, policy, arrivals) + headroom
+    steady = _replicas(arrivals + headroom, per_replica, policy)
     need = _replicas(demand, per_replica, policy)
     violation = _violation(window, model)
     starting = ready is not None and ready < current
@@ -95,12 +123,31 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
                                                                 policy.scale_up_stabilization_s))
     state = replace(state, history=history)
     load = f"{demand:.2f} req/s against {per_replica:.2f} req/s per replica at the SLO"
+    ahead = need
+    if rising:
+        serving = current if ready is None else ready + (current - ready) / 2   # starting pods: half the time
+        ahead = _ahead(window, policy, arrivals, slope, headroom, per_replica, full, serving)
+        if ahead > current and need <= current:
+            need = ahead
+            load = (f"arrivals {arrivals:.1f} req/s rising {slope:.2f} req/s per s; "
+                    f"{per_replica:.2f} req/s per replica at the SLO")
     if need > current:
-        ahead = _replicas(demand + min(slope * policy.lookahead_s, 0.5 * _arrivals(window)), per_replica, policy)
-        return _up(window, policy, state, current, need, ahead, now, violation, load)
+        return _up(window, policy, state, current, need, ahead, now, violation, load, rising and slope > 0)
     if need < current:
         return _down(window, model, policy, state, current, need, now, demand, alpha, k, output, load)
     return ScaleDecision(current, current, "Stable", load, need), state
+
+
+def _ahead(window: Window, policy: ScalingPolicy, arrivals: float, slope: float, headroom: float,
+           per_replica: float, full: float, serving: float) -> int:
+    """Replicas for the load one start-up delay (plus an interval) ahead, plus those that drain, within
+    `drain_s` of their start, the backlog the fleet builds until they serve."""
+    growth = min(slope * policy.lookahead_s, policy.max_growth * arrivals)
+    predicted = arrivals + growth
+    # Arrivals over the start-up delay (linear rise, from the window's middle) against what serves now.
+    upcoming = arrivals + min(slope * (window.seconds / 2 + policy.startup_s / 2), policy.max_growth * arrivals)
+    backlog = window.queue_depth + max(0.0, upcoming - serving * full) * policy.startup_s
+    return _replicas(predicted + headroom + backlog / policy.drain_s * per_replica / full, per_replica, policy)
 
 
 def _missing(window: Window | None) -> str:
@@ -118,21 +165,50 @@ def _replicas(demand: float, per_replica: float, policy: ScalingPolicy) -> int:
     return max(need, policy.min_replicas)
 
 
-def _slope(window: Window, state: AutoscalerState) -> float:
+def _follows(window: Window, state: AutoscalerState) -> bool:
+    """The previous decision saw the window just before this one."""
+    return (state.last_time is not None and window.end > window.start
+            and abs(state.last_time - window.start) <= 0.5 * window.seconds)
+
+
+def _slope(window: Window, state: AutoscalerState, arrivals: float) -> float:
     """Growth of the arrival rate (req/s per s) since the previous window; 0 when falling or unknown."""
-    if state.last_rps is None or state.last_time is None or window.end <= window.start:
+    if state.last_rps is None or not _follows(window, state):
         return 0.0
-    return max(0.0, (_arrivals(window) - state.last_rps) / max(window.seconds, 1e-9))
+    return max(0.0, (arrivals - state.last_rps) / window.seconds)
 
 
-def _arrivals(window: Window) -> float:
-    """Requests arriving per second: admitted ones plus the queue's growth (minus its shrinking)."""
-    return max(window.requests_per_second + (window.queue_growth_per_second or 0.0), 0.0)
+def _noise(window: Window, state: AutoscalerState, arrivals: float, policy: ScalingPolicy) -> float:
+    """EWMA of the squared change of the arrival rate between windows (its variance, twice over)."""
+    if state.last_rps is None or not _follows(window, state):
+        return state.noise
+    keep = 0.5 ** (window.seconds / policy.noise_halflife_s)
+    # A change far out of the noise (a flash crowd) is a trend, not noise: it enters clipped at
+    # `jump_sigmas` deviations of the larger of the estimate and Poisson counting noise.
+    floor = max(state.noise, state.last_rps / window.seconds)
+    change = min((arrivals - state.last_rps) ** 2 / 2, policy.jump_sigmas ** 2 * floor)
+    return keep * state.noise + (1 - keep) * change
 
 
-def _demand(window: Window, policy: ScalingPolicy) -> float:
+def _inflight(window: Window) -> float | None:
+    if window.running is None or window.queue_depth is None:
+        return None
+    return window.running + window.queue_depth
+
+
+def _arrivals(window: Window, state: AutoscalerState | None = None) -> float:
+    """Requests arriving per second: admitted ones plus the queue's growth (minus its shrinking), plus
+    the growth of admitted requests still waiting for their first token (known from the running gauge
+    when the previous window is the one just before)."""
+    rate = window.requests_per_second + (window.queue_growth_per_second or 0.0)
+    if state is not None and state.last_inflight is not None and window.running is not None and _follows(window, state):
+        then = state.last_inflight - (window.queue_depth - (window.queue_growth_per_second or 0.0) * window.seconds)
+        rate += (window.running - then) / window.seconds
+    return max(rate, 0.0)
+
+
+def _demand(window: Window, policy: ScalingPolicy, arrivals: float) -> float:
     """Arrivals plus draining the queue within `drain_s` (the backlog counts for at most half again)."""
-    arrivals = _arrivals(window)
     return arrivals + min(window.queue_depth / policy.drain_s, 0.5 * arrivals)
 
 
@@ -149,9 +225,10 @@ def _growing(window: Window) -> bool:
     return (window.queue_growth_per_second or 0.0) > 0 and window.queue_depth > max(1.0, window.pods_scraped)
 
 
-def _up(window, policy, state, current, need, ahead, now, violation, load):
+def _up(window, policy, state, current, need, ahead, now, violation, load, rising=False):
     fast = "SLOViolation" if violation and need > current else ("QueueGrowing" if _growing(window) else
-                                             ("LoadJump" if need >= 1.5 * current else ""))
+                                             ("LoadJump" if need >= 1.5 * current else
+                                              ("LoadRising" if rising and ahead > current else "")))
     factor = policy.fast_up_factor if fast else policy.max_up_factor
     bound = max(math.ceil(current * factor), current + policy.max_up_pods)
     target = min(max(need, ahead) if fast else need, bound, policy.max_replicas)
@@ -171,7 +248,7 @@ def _up(window, policy, state, current, need, ahead, now, violation, load):
 
 def _down(window, model, policy, state, current, need, now, demand, alpha, k, output, load):
     span = policy.scale_down_stabilization_s
-    if now - state.last_up < span or state.history[0][0] > now - span + 1e-6:
+    if now - state.last_up < min(span, policy.down_cooldown_s) or state.history[0][0] > now - span + 1e-6:
         return ScaleDecision(current, current, "Stabilizing", f"need {need}; waiting out the {span:g} s "
                              f"scale-down window; {load}", need), state
     if window.queue_depth > 0 or _violation(window, model):

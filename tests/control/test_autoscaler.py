@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from specfleet.operator.control import autoscaler as a
 
@@ -81,3 +82,76 @@ def test_a_slow_rise_waits_for_the_up_stabilization(model, make_window):
     decisions = run(model, windows, 4)
     assert [d.desired for d in decisions[:2]] == [4, 4] and decisions[-1].desired == 5
     assert [d.reason for d in decisions if d.changed] == ["LoadIncrease"]
+
+
+def test_the_service_model_uses_the_engine_limits_that_extra_args_override():
+    """`runtime.extraArgs` come after the plan's args, so the engine runs with them; capacity must too."""
+    import yaml
+
+    from specfleet.operator import api, catalogs, planner
+    from specfleet.operator.control.calibration import service_model
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests/examples/tiny-cpu.yaml").read_text())
+    models = {}
+    for extra in ([], ["--max-num-seqs", "4"], ["--max-num-seqs=3", "--max-num-batched-tokens", "512"]):
+        doc["spec"]["runtime"]["extraArgs"] = extra
+        spec = api.parse_spec(doc["spec"])
+        plan = planner.plan(spec, catalogs.gpus(), catalogs.models())
+        models[len(extra)] = (plan, service_model(spec, plan, catalogs.gpus(), catalogs.models()))
+    plan, m = models[0]
+    assert (m.max_num_seqs, m.chunk) == (plan.max_num_seqs, plan.max_num_batched_tokens)
+    assert (models[2][1].max_num_seqs, models[2][1].slo_batch()) == (4, 4)
+    assert (models[3][1].max_num_seqs, models[3][1].chunk) == (3, 512)
+    assert models[2][1].replica_rps(0.7) < m.replica_rps(0.7) / 10
+
+
+def test_a_rising_load_with_a_growing_queue_takes_a_larger_step(model, make_window):
+    """Two windows of rising arrivals with the SLO missed: the step provisions for the load one start-up
+    delay ahead plus the backlog built meanwhile, beyond the load-based need of the window alone."""
+    cap = per_replica(model)
+    steady = [make_window(rps=2 * cap, pods=3, end=15.0 * (i + 1)) for i in range(4)]
+    rise1 = make_window(rps=2.6 * cap, queue=0, pods=3, end=75.0)
+    rise2 = make_window(rps=3.0 * cap, queue=60, growth=4, pods=3, ttft=2.5, end=90.0)
+    decisions = run(model, steady + [rise1, rise2], 3)
+    assert [d.desired for d in decisions[:4]] == [3, 3, 3, 3]
+    last = decisions[-1]
+    window_need = a._replicas(a._demand(rise2, POLICY, 3 * cap + 4), cap, POLICY)
+    assert last.desired > window_need + 1 and last.reason in ("SLOViolation", "QueueGrowing")
+
+
+def test_a_one_interval_blip_does_not_ratchet_up(model, make_window):
+    """A single window of higher load with the SLO held: at most the load-based need, no extrapolation,
+    and no further step when the load is back."""
+    cap = per_replica(model)
+    windows = [make_window(rps=2 * cap, pods=4, end=15.0 * (i + 1)) for i in range(4)]
+    windows.append(make_window(rps=2.6 * cap, pods=4, end=75.0))            # the blip
+    windows += [make_window(rps=2 * cap, pods=4, end=15.0 * (i + 6)) for i in range(4)]
+    decisions = run(model, windows, 4)
+    assert all(d.desired == 4 for d in decisions)
+
+
+def test_poisson_noise_is_not_a_trend(model, make_window):
+    """Small rises two windows in a row (inside counting noise) take the normal stabilized path."""
+    cap = per_replica(model)
+    rates = [3.0, 3.0, 3.02, 3.05, 3.08, 3.1]
+    decisions = run(model, [make_window(rps=r * cap, pods=4, end=15.0 * (i + 1)) for i, r in enumerate(rates)], 4)
+    assert all(d.reason != "LoadRising" for d in decisions) and all(d.desired == 4 for d in decisions)
+
+
+def test_arrivals_count_admitted_requests_still_waiting_for_prefill(model, make_window):
+    """Running growing between windows is arrival the first-token rate does not see yet."""
+    w1 = make_window(rps=20, pods=2, batch=40, end=15.0)
+    w2 = make_window(rps=20, pods=2, batch=70, end=30.0)                  # +60 running in 15 s
+    _, state = a.decide(w1, model, 2, POLICY, a.AutoscalerState(), 15.0)
+    assert abs(a._arrivals(w2, state) - 24.0) < 1e-9
+    assert a._arrivals(w2) == 20                                           # no previous window: as before
+
+
+def test_scale_down_after_a_predictive_step_waits_the_cooldown(model, make_window):
+    cap = per_replica(model)
+    windows = [make_window(rps=1.0 * cap, pods=10, end=15.0 * (i + 1)) for i in range(30)]
+    state = a.AutoscalerState(history=((0.0, 10),), last_up=0.0)
+    decisions = run(model, windows, 10, state=state)
+    first = next(i for i, d in enumerate(decisions) if d.changed)
+    assert 15 + first * 15 >= max(POLICY.down_cooldown_s, 300)   # the window (300 s of history) still rules
+    assert decisions[first].reason == "LoadDecrease"

@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testkit import alive, free_port, wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TINY_CR = ROOT / "manifests/examples/tiny-cpu.yaml"
@@ -35,34 +37,6 @@ NAME, MODEL = "tiny-cpu", "tiny"
 CLIENTS, LOAD_LIMIT_S = 8, 45.0
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(probe, timeout: float, every: float = 0.25):
-    deadline, value = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-        except Exception as exc:  # noqa: BLE001  (not there yet)
-            value = exc
-        if value and not isinstance(value, Exception):
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out; last value: {value!r}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
 class Fleet:

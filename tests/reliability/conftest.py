@@ -11,33 +11,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from testkit import free_port, wait_for
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(probe, timeout: float = 20.0, every: float = 0.1):
-    """Poll `probe` until it returns something truthy; fail with its last value."""
-    deadline, value = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-        except Exception as exc:  # noqa: BLE001  (not there yet)
-            value = exc
-        if value and not isinstance(value, Exception):
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out; last value: {value!r}")
 
 
 def rss_mib(pid: int | None = None) -> float:

@@ -1,10 +1,18 @@
-"""Small helpers shared by the end-to-end tests (on sys.path through pytest's `pythonpath = ["tests"]`)."""
+"""Helpers shared by the end-to-end tests (ports, polling, processes, a live engine server) (on sys.path through pytest's `pythonpath = ["tests"]`)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+BIN = Path(sys.executable).parent   # the virtual environment's scripts (specfleet, kubectl)
 
 
 def free_port() -> int:
@@ -35,3 +43,74 @@ def alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+@dataclass
+class LiveServer:
+    """The real engine app on uvicorn in a thread, on a free 127.0.0.1 port."""
+
+    base_url: str
+    app: object
+    server: object
+    thread: threading.Thread
+
+    @property
+    def state(self):
+        return self.app.state.server
+
+    @property
+    def engine(self):
+        """The LLMEngine; read its fields only while it is idle (it belongs to the stepping thread)."""
+        return self.state.engine.engine
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        """Wait until the engine has nothing running or waiting and every HTTP request has returned."""
+        wait_for(lambda: not self.state.engine.busy and self.state.in_flight == 0, timeout, 0.02)
+
+
+def start_server(model: str, admin_token: str | None = None, limits=None, **engine_args) -> LiveServer:
+    import uvicorn
+
+    from specfleet.engine.config import EngineConfig
+    from specfleet.engine.engine import LLMEngine
+    from specfleet.engine.server.app import create_app
+    from specfleet.engine.server.async_engine import AsyncEngine
+
+    engine_args = {"num_kv_blocks": 128, "max_num_seqs": 32, "served_model_name": "tiny", **engine_args}
+    app = create_app(AsyncEngine(LLMEngine(EngineConfig(model=model, **engine_args))), admin_token=admin_token,
+                     limits=limits)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
+                                           timeout_keep_alive=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or not thread.is_alive(), 30, 0.02)
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
+    return LiveServer(f"http://127.0.0.1:{port}", app, server, thread)
+
+
+@contextlib.contextmanager
+def specfleet_up(workdir: Path, cr: Path, env: dict | None = None):
+    """Run `specfleet up -f CR` in `workdir` as a user would; yield (process, gateway port); Ctrl-C it after."""
+    port = free_port()
+    log_path = workdir / "up.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([str(BIN / "specfleet"), "up", "-f", str(cr), "--port", str(port), "--plain"],
+                                cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            yield proc, port
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    subprocess.run([str(BIN / "specfleet"), "down"], cwd=workdir, timeout=60)
+            print(log_path.read_text()[-4000:])

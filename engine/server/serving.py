@@ -304,6 +304,21 @@ class _Format:
         body["usage"] = self._count([self.done[i] for i in sorted(self.done)])
         return body
 
+    def _increment(self, index: int, out: RequestOutput, choice: _Choice):
+        """(text, new token ids, their logprobs) to stream for this output, or None if nothing to send."""
+        start = choice.tokens_sent
+        new = self._streamed(index, out, choice)
+        text = choice.delta(out, self.job.holdback)
+        if not text and not out.finished and not (new and self.job.logprobs is not None):
+            return None
+        return text, new, (out.logprobs[start:start + len(new)] if out.logprobs is not None else None)
+
+    def _with_usage(self, body: dict) -> dict:
+        """Streamed chunks carry `usage: null` when the client asked for usage (OpenAI's convention)."""
+        if self.job.include_usage:
+            body["usage"] = None
+        return body
+
     def _streamed(self, index: int, out: RequestOutput, choice: _Choice) -> list[int]:
         new = out.token_ids[choice.tokens_sent:]
         choice.tokens_sent = len(out.token_ids)
@@ -340,20 +355,13 @@ class _CompletionFormat(_Format):
         return body
 
     def chunk(self, index: int, out: RequestOutput, choice: _Choice) -> dict | None:
-        start = choice.tokens_sent
-        new = self._streamed(index, out, choice)
-        text = choice.delta(out, self.job.holdback)
-        if not text and not out.finished and not (new and self.job.logprobs is not None):
+        increment = self._increment(index, out, choice)
+        if increment is None:
             return None
-        lps = out.logprobs[start:start + len(new)] if out.logprobs is not None else None
+        text, new, lps = increment
         choices = [{"index": index, "text": text, "logprobs": self._logprobs(new, lps),
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}]
         return self._with_usage(self._envelope(self.object_chunk, choices))
-
-    def _with_usage(self, body: dict) -> dict:
-        if self.job.include_usage:
-            body["usage"] = None
-        return body
 
     def _logprobs(self, token_ids: list[int], logprobs: list[dict] | None) -> dict | None:
         if self.job.logprobs is None or logprobs is None:
@@ -383,25 +391,17 @@ class _ChatFormat(_Format):
     def opening(self, num_choices: int) -> list[dict]:
         choices = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                     "finish_reason": None} for i in range(num_choices)]
-        body = self._envelope(self.object_chunk, choices)
-        if self.job.include_usage:
-            body["usage"] = None
-        return [body]
+        return [self._with_usage(self._envelope(self.object_chunk, choices))]
 
     def chunk(self, index: int, out: RequestOutput, choice: _Choice) -> dict | None:
-        start = choice.tokens_sent
-        new = self._streamed(index, out, choice)
-        text = choice.delta(out, self.job.holdback)
-        if not text and not out.finished and not (new and self.job.logprobs is not None):
+        increment = self._increment(index, out, choice)
+        if increment is None:
             return None
-        lps = out.logprobs[start:start + len(new)] if out.logprobs is not None else None
+        text, new, lps = increment
         delta = {"content": text} if text else {}
         choices = [{"index": index, "delta": delta, "logprobs": self._logprobs(new, lps),
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}]
-        body = self._envelope(self.object_chunk, choices)
-        if self.job.include_usage:
-            body["usage"] = None
-        return body
+        return self._with_usage(self._envelope(self.object_chunk, choices))
 
     def _logprobs(self, token_ids: list[int], logprobs: list[dict] | None) -> dict | None:
         if self.job.logprobs is None or logprobs is None:

@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -28,10 +27,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit import alive, free_port, wait_for
+from testkit import BIN, alive, specfleet_up, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 TINY_CR = ROOT / "manifests/examples/tiny-cpu.yaml"
 NAME, MODEL = "tiny-cpu", "tiny"
 CLIENTS, LOAD_LIMIT_S = 8, 45.0
@@ -101,31 +99,20 @@ def fleet(tmp_path_factory, tiny_llama):
     assert spec["speculation"]["method"] == "ngram" and spec["speculation"]["mode"] == "auto"
     cr = workdir / "tiny.yaml"
     cr.write_text(yaml.safe_dump(doc))
-    port = free_port()
     env = {**os.environ, "SPECFLEET_CONTROL_INTERVAL": "1", "SPECFLEET_SPECULATION_DWELL": "2"}
-    log = open(workdir / "up.log", "w")
-    proc = subprocess.Popen([str(BIN / "specfleet"), "up", "-f", str(cr), "--port", str(port), "--plain"],
-                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env)
-    f = Fleet(workdir, port, proc)
-    try:
-        wait_for(lambda: proc.poll() is None and f.ready_replicas() >= 1, timeout=90)
-        f.mark("first replica ready")
-        f.operator_pid = json.loads((f.state / "fleet.json").read_text())["operatorPid"]
-        yield f
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                subprocess.run([str(BIN / "specfleet"), "down"], cwd=workdir, timeout=60)
-        log.close()
-        print("timings (s since up):", f.marks)
-        print((workdir / "up.log").read_text()[-4000:])
-        operator_log = f.state / "logs/operator.log"
-        if operator_log.exists():
-            print("\n".join(line for line in operator_log.read_text().splitlines()
-                            if "HTTP Request" not in line and "succeeded" not in line)[-4000:])
+    with specfleet_up(workdir, cr, env) as (proc, port):
+        f = Fleet(workdir, port, proc)
+        try:
+            wait_for(lambda: proc.poll() is None and f.ready_replicas() >= 1, timeout=90)
+            f.mark("first replica ready")
+            f.operator_pid = json.loads((f.state / "fleet.json").read_text())["operatorPid"]
+            yield f
+        finally:
+            print("timings (s since up):", f.marks)
+            operator_log = f.state / "logs/operator.log"
+            if operator_log.exists():
+                print("\n".join(line for line in operator_log.read_text().splitlines()
+                                if "HTTP Request" not in line and "succeeded" not in line)[-4000:])
 
 
 def test_load_makes_the_control_loop_scale_to_a_second_ready_replica(fleet):

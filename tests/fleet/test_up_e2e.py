@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 from pathlib import Path
@@ -17,10 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit import alive, free_port, wait_for
+from testkit import BIN, alive, free_port, specfleet_up, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 TINY_CR = ROOT / "manifests/examples/tiny-cpu.yaml"
 NAME, MODEL = "tiny-cpu", "tiny"
 
@@ -68,24 +66,11 @@ def fleet(tmp_path_factory, tiny_llama):
     doc["spec"]["model"]["source"] = f"hostpath:{tiny_llama}"
     cr = workdir / "tiny.yaml"
     cr.write_text(yaml.safe_dump(doc))
-    port = free_port()
-    log = open(workdir / "up.log", "w")
-    proc = subprocess.Popen([str(BIN / "specfleet"), "up", "-f", str(cr), "--port", str(port), "--plain"],
-                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-    f = Fleet(workdir, port, proc)
-    try:
+    with specfleet_up(workdir, cr) as (proc, port):
+        f = Fleet(workdir, port, proc)
         wait_for(lambda: proc.poll() is None and f.ready_replicas() >= 1, timeout=90)
         f.operator_pid = json.loads((workdir / ".specfleet/fleet.json").read_text())["operatorPid"]
         yield f
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                subprocess.run([str(BIN / "specfleet"), "down"], cwd=workdir, timeout=60)
-        log.close()
-        print((workdir / "up.log").read_text())
 
 
 def test_chat_completions_flow_through_the_gateway(fleet):

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from testkit import free_port, wait_for
+from testkit import LiveServer, free_port, start_server, wait_for
 
 BIN = Path(sys.executable).parent
 
@@ -25,47 +22,6 @@ def rss_mib(pid: int | None = None) -> float:
     import psutil
 
     return psutil.Process(pid or os.getpid()).memory_info().rss / 2**20
-
-
-@dataclass
-class LiveServer:
-    base_url: str
-    app: object
-    server: object
-    thread: threading.Thread
-
-    @property
-    def state(self):
-        return self.app.state.server
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-
-    def wait_idle(self, timeout: float = 20.0) -> None:
-        wait_for(lambda: not self.state.engine.busy and self.state.in_flight == 0, timeout, 0.02)
-
-
-def start_server(model: str, admin_token: str | None = None, limits=None, **engine_args) -> LiveServer:
-    import uvicorn
-
-    from specfleet.engine.config import EngineConfig
-    from specfleet.engine.engine import LLMEngine
-    from specfleet.engine.server.app import create_app
-    from specfleet.engine.server.async_engine import AsyncEngine
-
-    engine_args = {"num_kv_blocks": 128, "max_num_seqs": 32, "served_model_name": "tiny", **engine_args}
-    app = create_app(AsyncEngine(LLMEngine(EngineConfig(model=model, **engine_args))), admin_token=admin_token,
-                     limits=limits)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
-                                           timeout_keep_alive=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 30, 0.02)
-    return LiveServer(f"http://127.0.0.1:{port}", app, server, thread)
 
 
 @pytest.fixture(scope="session")

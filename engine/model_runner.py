@@ -63,7 +63,8 @@ class ModelRunner:
         for i in order:
             seq, n = step.seqs[i], step.num_new_tokens[i]
             start = seq.num_computed_tokens
-            tokens = (seq.token_ids + seq.spec_token_ids)[start:start + n]
+            tokens = seq.token_ids[start:start + n]                 # no copy of the whole sequence
+            tokens += seq.spec_token_ids[:n - len(tokens)]
             span = range(start, start + n)
             first = len(ids)
             ids += tokens

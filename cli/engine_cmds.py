@@ -1,4 +1,4 @@
-"""`specfleet engine ...`: generate offline from a model, or serve it over HTTP (`serve`)."""
+"""`specfleet engine ...`: generate offline from a model, serve it over HTTP (`serve`), build the CPU kernel."""
 from __future__ import annotations
 
 import time
@@ -59,6 +59,22 @@ def _parse_bool(value: str, flag: str) -> bool:
     if lowered in ("false", "0", "no", "off"):
         return False
     raise typer.BadParameter(f"{flag} takes true or false, got {value!r}")
+
+
+@app.command("build-kernels")
+def build_kernels() -> None:
+    """Compile the CPU attention kernel now (it is otherwise built on first use, once per machine)."""
+    from rich.console import Console
+
+    from specfleet.engine.cpu import attention
+
+    with Console(stderr=True).status("compiling the CPU paged-attention kernel (once per machine, ~1 min)"):
+        ok = attention.available()
+    if not ok:
+        typer.echo(f"CPU attention kernel not built ({attention.build_error()}); the engine uses the torch path",
+                   err=True)
+        raise typer.Exit(1)
+    typer.echo("CPU attention kernel ready")
 
 
 @app.command()

@@ -26,8 +26,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str = "auto"                       # auto: bf16 on CUDA, fp32 on CPU
     device: str = "auto"
+    # auto: triton on CUDA, the C++ kernel on CPU (torch if it cannot be built); torch: the reference path.
     # SPECFLEET_ATTENTION_BACKEND=triton (with TRITON_INTERPRET=1 on CPU) runs any suite on the kernels.
-    attention_backend: Literal["auto", "torch", "triton"] = field(
+    attention_backend: Literal["auto", "torch", "cpu", "triton"] = field(
         default_factory=lambda: os.environ.get("SPECFLEET_ATTENTION_BACKEND", "auto"))
     seed: int = 0
     free_block_watermark: float = 0.01        # share of blocks admission keeps free for running decodes
@@ -46,8 +47,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch, cpu or triton, got {self.attention_backend!r}")
         if self.speculative_method not in (None, "ngram", "draft"):
             raise ValueError(f"speculative_method must be ngram or draft, got {self.speculative_method!r}")
         if self.speculative_method == "draft" and not self.draft_model:

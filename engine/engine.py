@@ -11,8 +11,10 @@ from typing import Callable
 
 import torch
 
+from specfleet.engine.backends import prepare_backend
 from specfleet.engine.config import EngineConfig
-from specfleet.engine.cpu_tuning import keep_large_allocations_on_heap
+from specfleet.engine.cpu.tuning import keep_large_allocations_on_heap
+from specfleet.engine.detokenizer import IncrementalDetokenizer
 from specfleet.engine.kv.block_manager import BlockManager
 from specfleet.engine.model.loader import load_model
 from specfleet.engine.model_runner import ModelRunner, SampleRows, kv_bytes_per_block
@@ -61,13 +63,14 @@ class LLMEngine:
         self.model_path = loaded.path
         self.model_name = config.served_model_name or config.model
         self.tokenizer = AutoTokenizer.from_pretrained(loaded.path)
+        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = loaded.model.shape.vocab_size
         num_blocks = self._pool_blocks(loaded.model)
         self.max_model_len = min(config.max_model_len or loaded.max_position_embeddings,
                                  loaded.max_position_embeddings, num_blocks * config.block_size)
         self.runner = ModelRunner(loaded.model, num_blocks, config.block_size, self.dtype, self.device)
-        self._select_attention_backend(loaded.model)
+        prepare_backend(loaded.model, config.attention_backend, self.device)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                           config.free_block_watermark)
         self.scheduler = Scheduler(config, self.block_manager)
@@ -98,16 +101,10 @@ class LLMEngine:
         draft = None
         if self.config.speculative_method == "draft":
             draft = DraftProposer(self.config.draft_model, num_blocks + self.config.max_num_seqs,
-                                  self.config.block_size, self.dtype, self.device, self.vocab_size, self.max_model_len)
+                                  self.config.block_size, self.dtype, self.device, self.vocab_size, self.max_model_len,
+                                  self.config.attention_backend)
         ngram = NgramProposer(self.config.ngram_min, self.config.ngram_max)
         return Speculator(self.config.speculative_method, ngram, draft, self.vocab_size, self.max_model_len, self.stats)
-
-    def _select_attention_backend(self, model) -> None:
-        backend = self.config.attention_backend
-        if backend == "triton" or (backend == "auto" and self.device.type == "cuda"):
-            from specfleet.engine.kernels import TritonPagedAttention
-
-            model.set_attention_backend(TritonPagedAttention)
 
     # ---- requests -------------------------------------------------------------------------
     @property
@@ -277,7 +274,7 @@ class LLMEngine:
                 return
 
     def _decode(self, seq: Sequence) -> str:
-        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        return self.detokenizer.update(seq.detok, seq.output_token_ids, final=seq.finish_reason is not None)
 
     def _output(self, seq: Sequence, new: list[int]) -> RequestOutput:
         return RequestOutput(seq.request_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],

@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from specfleet.engine.detokenizer import DetokenizerState
 from specfleet.engine.sampling_params import SamplingParams
 
 
@@ -35,6 +36,7 @@ class Sequence:
     generator: object | None = None                           # torch.Generator for seeded sampling
     prompt: str | None = None
     output_text: str = ""
+    detok: DetokenizerState = field(default_factory=DetokenizerState)
 
     @property
     def num_tokens(self) -> int:

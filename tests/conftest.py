@@ -21,6 +21,10 @@ def _single_thread_torch():
     except ImportError:
         return
     torch.set_num_threads(1)
+    # Build the CPU attention kernel once, up front, so engine subprocesses started by tests only load it.
+    from specfleet.engine.cpu import attention
+
+    attention.load_kernel()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
-from specfleet.engine.cpu_tuning import release_free_memory
+from specfleet.engine.cpu.tuning import release_free_memory
 from specfleet.engine.engine import LLMEngine
 from specfleet.engine.outputs import RequestOutput
 from specfleet.engine.sampling_params import SamplingParams

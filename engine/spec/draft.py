@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from specfleet.engine.kv.block_manager import BlockManager
+from specfleet.engine.backends import prepare_backend
 from specfleet.engine.model.loader import load_model
 from specfleet.engine.model_runner import ModelRunner
 from specfleet.engine.sampler import SamplingTensors, probabilities, sample
@@ -23,8 +24,9 @@ from specfleet.engine.sequence import Sequence
 
 class DraftProposer:
     def __init__(self, model: str, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
-                 target_vocab_size: int, max_positions: int) -> None:
+                 target_vocab_size: int, max_positions: int, backend: str = "auto") -> None:
         loaded = load_model(model, dtype, device, max_positions)
+        prepare_backend(loaded.model, backend, device)
         if loaded.model.shape.vocab_size != target_vocab_size:
             raise ValueError(f"draft model {model!r} has a vocabulary of {loaded.model.shape.vocab_size} tokens, "
                              f"the target {target_vocab_size}: they must share a tokenizer")

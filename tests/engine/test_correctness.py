@@ -18,10 +18,12 @@ def assert_matches_reference(hf_greedy):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 @pytest.mark.parametrize("prefix_caching", [True, False])
-def test_batch_of_mixed_lengths_matches_transformers(tiny_model_factory, arch, prefix_caching, assert_matches_reference, mixed_prompts):
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_batch_of_mixed_lengths_matches_transformers(tiny_model_factory, arch, prefix_caching, backend,
+                                                     assert_matches_reference, mixed_prompts):
     path = tiny_model_factory(arch)
     prompts = mixed_prompts(6, seed=1)
-    llm = LLM(path, num_kv_blocks=128, enable_prefix_caching=prefix_caching)
+    llm = LLM(path, num_kv_blocks=128, enable_prefix_caching=prefix_caching, attention_backend=backend)
     assert_matches_reference(path, prompts, llm.generate(prompts, GREEDY))
 
 
@@ -39,9 +41,11 @@ def test_rope_scaling_matches_transformers(tiny_model_factory, assert_matches_re
     assert_matches_reference(path, prompts, LLM(path, num_kv_blocks=64).generate(prompts, GREEDY))
 
 
-def test_small_pool_forces_preemption_without_changing_outputs(tiny_llama, assert_matches_reference, mixed_prompts):
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_small_pool_forces_preemption_without_changing_outputs(tiny_llama, backend, assert_matches_reference,
+                                                               mixed_prompts):
     prompts = mixed_prompts(8, seed=4)
-    llm = LLM(tiny_llama, num_kv_blocks=14, block_size=8, max_num_seqs=8)
+    llm = LLM(tiny_llama, num_kv_blocks=14, block_size=8, max_num_seqs=8, attention_backend=backend)
     outputs = llm.generate(prompts, GREEDY)
     assert llm.engine.stats.preemptions > 0
     assert_matches_reference(tiny_llama, prompts, outputs)

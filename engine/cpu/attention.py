@@ -1,0 +1,71 @@
+"""CPU attention: a C++ paged-attention kernel for decodes and verifications, torch SDPA for prefills.
+
+The torch reference path gathers every sequence's blocks into a padded copy and permutes it for the
+batched matmuls: three copies of the whole context per layer and step, which is most of a CPU decode
+step. `paged_attention.cpp` reads K/V in place through the block table instead. It is compiled once per
+machine with torch's cpp_extension (g++ and ninja, cached under ~/.cache/torch_extensions); where that
+is impossible the engine logs why and keeps the torch path.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, AttentionMetadata, TorchPagedAttention
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("paged_attention.cpp")
+_lock = threading.Lock()
+_module = None
+_error: str | None = None
+
+
+def load_kernel():
+    """The compiled extension module, built on first use; None (with the reason logged) if it cannot be."""
+    global _module, _error
+    with _lock:
+        if _module is None and _error is None:
+            try:
+                from torch.utils.cpp_extension import load_inline
+
+                _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[SOURCE.read_text()],
+                                      functions=["paged_attention_short"],
+                                      extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
+                                      extra_ldflags=["-fopenmp"])
+            except Exception as exc:        # no compiler, no ninja, read-only home: fall back, say why
+                _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                log.warning("CPU attention kernel unavailable, using the torch path: %s", _error)
+        return _module
+
+
+def available() -> bool:
+    return load_kernel() is not None
+
+
+def build_error() -> str | None:
+    """Why the kernel could not be built, once `load_kernel` has tried."""
+    return _error
+
+
+class CpuPagedAttention(TorchPagedAttention):
+    """Short-query groups through the C++ kernel; prefill chunks through the torch (SDPA) path."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__(scale)
+        self.kernel = load_kernel()
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> torch.Tensor:
+        if len(meta.groups) == 1:
+            return self._group(q, k_cache, v_cache, meta.groups[0])
+        return super().__call__(q, k_cache, v_cache, meta)
+
+    def _group(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               group: AttentionGroup) -> torch.Tensor:
+        if group.query_len > SHORT_QUERY:
+            return super()._group(q, k_cache, v_cache, group)
+        return self.kernel.paged_attention_short(q, k_cache, v_cache, group.block_tables, group.context_lens,
+                                                 group.query_len, self.scale)

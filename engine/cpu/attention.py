@@ -3,12 +3,13 @@
 The torch reference path gathers every sequence's blocks into a padded copy and permutes it for the
 batched matmuls: three copies of the whole context per layer and step, which is most of a CPU decode
 step. `paged_attention.cpp` reads K/V in place through the block table instead. It is compiled once per
-machine with torch's cpp_extension (g++ and ninja, cached under ~/.cache/torch_extensions); where that
-is impossible the engine logs why and keeps the torch path.
+machine with torch's cpp_extension (g++ and ninja) into `kernel_build_dir()`, under the specfleet cache;
+where that is impossible the engine logs why and keeps the torch path.
 """
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from pathlib import Path
 
@@ -31,14 +32,24 @@ def load_kernel():
             try:
                 from torch.utils.cpp_extension import load_inline
 
+                build_dir = kernel_build_dir()
+                build_dir.mkdir(parents=True, exist_ok=True)
                 _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[SOURCE.read_text()],
-                                      functions=["paged_attention_short"],
+                                      functions=["paged_attention_short"], build_directory=str(build_dir),
                                       extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
                                       extra_ldflags=["-fopenmp"])
             except Exception as exc:        # no compiler, no ninja, read-only home: fall back, say why
                 _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
                 log.warning("CPU attention kernel unavailable, using the torch path: %s", _error)
         return _module
+
+
+def kernel_build_dir() -> Path:
+    """Per torch and Python version under the specfleet cache, which local-fleet pods share (their HOME is
+    a per-pod /tmp), so the kernel is compiled once per machine, not once per pod."""
+    from specfleet.engine.builtin import cache_root
+
+    return cache_root() / "kernels" / f"cpu_attention-torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
 
 
 def available() -> bool:

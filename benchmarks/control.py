@@ -1,5 +1,6 @@
 """Control-loop benchmark: every scenario x policy in the fleet simulator, a speculation sweep over
-load levels on a fixed fleet, and a pod start-up sensitivity run of the bursty scenario.
+load levels on a fixed fleet, a pod start-up sensitivity run of the bursty scenario, the trade-off of a
+declared minReplicas floor (burst headroom), and every scaling policy on the other engine queue order.
 
     .venv/bin/python benchmarks/control.py [--seed 0] [--out benchmarks/results/control.json]
 
@@ -25,6 +26,8 @@ LOADS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.1)     # x the steady rate (60 req/s) on a
 SWEEP_REPLICAS = 4
 SWEEP_SECONDS = 1200
 STARTUPS = (10.0, 60.0)
+FLOORS = {"bursty": (4, 5, 6, 7), "diurnal": (5, 6)}     # declared minReplicas (the scenarios declare 1)
+SCALERS = ("specfleet", "static-peak", "inflight-target", "saturation")
 
 
 def summary(result: dict) -> dict:
@@ -44,19 +47,40 @@ def main() -> None:
                                   p, seed=args.seed, fixed_replicas=SWEEP_REPLICAS))
              for load in LOADS for p in ("specfleet", "spec-always-on", "spec-always-off", "spec-batch-table")]
     startup = [{**summary(run.simulate(scenarios.adjusted(scenarios.bursty(), startup_s=s), p, seed=args.seed)),
-                "startup_s": s} for s in STARTUPS for p in ("specfleet", "static-peak", "inflight-target", "saturation")]
-    checks = targets(grid, sweep)
+                "startup_s": s} for s in STARTUPS for p in SCALERS]
+    floors = [{**summary(run.simulate(scenarios.adjusted(scenarios.get(s), min_replicas=n), "specfleet",
+                                      seed=args.seed)), "min_replicas": n} for s, ns in FLOORS.items() for n in ns]
+    other = {"fifo": "deadline", "deadline": "fifo"}
+    engines = [summary(run.simulate(scenarios.bursty(), p, seed=args.seed, queue_policy=other[run.queue_policy_of(p)]))
+               for p in SCALERS]
+    checks = {**targets(grid, sweep), **floor_targets(grid, floors)}
     result = {"seed": args.seed, "seconds": round(time.time() - started, 1), "grid": grid,
-              "speculation_sweep": sweep, "startup_sensitivity": startup, "targets": checks,
-              "startup_s": STARTUPS}
+              "speculation_sweep": sweep, "startup_sensitivity": startup, "min_replicas_floor": floors,
+              "other_queue_policy": engines, "targets": checks, "startup_s": STARTUPS}
     console.print(table("scenario x policy", grid, ("scenario", "policy")))
     console.print(table(f"speculation on a fixed {SWEEP_REPLICAS}-replica fleet", sweep, ("scenario", "policy")))
     console.print(table("bursty, pod start-up sensitivity", startup, ("startup_s", "policy")))
+    console.print(table("specfleet with a declared minReplicas floor", floors, ("scenario", "min_replicas")))
+    console.print(table("bursty, each scaler on the other engine queue order", engines, ("policy", "queue_policy")))
     for name, ok in checks.items():
         console.print(f"{'[green]PASS' if ok['pass'] else '[red]MISS'}[/] {name}: {ok['detail']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=float))
     console.print(f"wrote {args.out} in {result['seconds']} s")
+
+
+def floor_targets(grid: list[dict], floors: list[dict]) -> dict:
+    """Which declared floors meet the bursty targets (attainment and GPU-hours against static-peak)."""
+    static = next((r for r in grid if r["scenario"] == "bursty" and r["policy"] == "static-peak"), None)
+    out = {}
+    for r in floors:
+        if static is None or not r["scenario"].startswith("bursty"):
+            continue
+        saving = 1 - r["gpu_hours"] / static["gpu_hours"]
+        out[f"bursty with minReplicas={r['min_replicas']}: >= 99% and >= 30% fewer GPU-hours"] = {
+            "pass": r["slo_attainment"] >= 0.99 and saving >= 0.30,
+            "detail": f"{r['slo_attainment']:.4f}, {r['gpu_hours']} GPU-h ({saving:.1%} fewer)"}
+    return out
 
 
 def table(title: str, rows: list[dict], keys: tuple[str, ...]) -> Table:

@@ -97,6 +97,8 @@ def serve(
     speculation_enabled: str = typer.Option("true", help="true or false: speculation on at start-up."),
     admin_token_file: Optional[str] = typer.Option(None, help="File with the admin API bearer token."),
     max_waiting_requests: int = typer.Option(1024, help="Waiting-queue bound; past it requests get 429."),
+    ttft_deadline_ms: Optional[float] = typer.Option(
+        None, help="Admit waiting prompts that can still meet arrival + this TTFT first (default: arrival order)."),
     drain_timeout: float = typer.Option(30.0, help="Seconds in-flight requests get to finish on SIGTERM."),
     max_request_bytes: int = typer.Option(4 * 1024 * 1024, help="Largest request body; past it 413."),
     max_stop_strings: int = typer.Option(16, help="Most stop strings in one request; past it 400."),
@@ -118,7 +120,7 @@ def serve(
             enable_prefix_caching=enable_prefix_caching, speculative_method=speculative_method,
             draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
             speculation_enabled=_parse_bool(speculation_enabled, "--speculation-enabled"),
-            max_waiting_requests=max_waiting_requests, dtype=dtype, device=device, seed=seed)
+            max_waiting_requests=max_waiting_requests, ttft_deadline_ms=ttft_deadline_ms, dtype=dtype, device=device, seed=seed)
         limits = ServerLimits(max_request_bytes=max_request_bytes, max_stop_strings=max_stop_strings)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

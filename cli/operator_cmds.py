@@ -119,6 +119,11 @@ def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s"
                  load: float = typer.Option(1.0, help="Multiply the scenario's arrival rate."),
                  replicas: Optional[int] = typer.Option(None, help="A fixed fleet size (isolates speculation)."),
                  startup: Optional[float] = typer.Option(None, help="Pod start-up seconds (default 30)."),
+                 min_replicas: Optional[int] = typer.Option(None, "--min-replicas",
+                                                            help="Declare another autoscaling.minReplicas."),
+                 queue_policy: Optional[str] = typer.Option(None, "--queue-policy",
+                                                            help="Engine queue order, fifo | deadline "
+                                                                 "(default: deadline for ours, fifo for peers)."),
                  json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result (with the series)."),
                  plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of replicas, load, latency "
                                                                           "(needs matplotlib).")) -> None:
@@ -131,8 +136,8 @@ def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s"
         raise typer.BadParameter("give --scenario NAME or --trace FILE")
     try:
         sc = scenarios.get(scenario) if scenario else scenarios.from_trace(trace)
-        sc = scenarios.adjusted(sc, duration=duration, load=load, startup_s=startup)
-        result = run.simulate(sc, policy, seed=seed, fixed_replicas=replicas)
+        sc = scenarios.adjusted(sc, duration=duration, load=load, startup_s=startup, min_replicas=min_replicas)
+        result = run.simulate(sc, policy, seed=seed, fixed_replicas=replicas, queue_policy=queue_policy)
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc.args[0] if exc.args else exc)) from exc
     report.print_summary(result)

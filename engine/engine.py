@@ -189,7 +189,9 @@ class LLMEngine:
         for seq in scheduled.seqs:
             if not seq.is_finished:
                 self.block_manager.publish(seq)
-        self._record(scheduled, bool(verifying), time.perf_counter() - start)
+        duration = time.perf_counter() - start
+        self.scheduler.observe_step(duration)
+        self._record(scheduled, bool(verifying), duration)
         return outputs
 
     def _drop_unscheduled_drafts(self, drafted: list[Sequence], scheduled: SchedulerOutput) -> None:

@@ -4,9 +4,16 @@ Each step shares `max_num_batched_tokens` between running sequences (decodes, ve
 unfinished prefill chunks, oldest first) and then waiting sequences, at most `max_num_seqs` running.
 When the pool runs dry the newest running sequence is preempted: its blocks are freed and it goes back
 to the head of the waiting queue, to be prefilled again (its prefix is often still cached).
+
+With `ttft_deadline_ms` set, waiting prompts are admitted in deadline order: those that can still get
+their first token by arrival + target, if prefilled at the step's spare budget behind the on-time
+prompts ahead of them, go first (arrival order), late ones after them (arrival order). In an overload
+FIFO makes every queued request late; this keeps about capacity/arrivals of them in time. Nothing is
+dropped, late prompts get whatever budget the on-time ones leave, and a late prompt stays late.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -37,6 +44,11 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.ttft_deadline_s = config.ttft_deadline_ms / 1000 if config.ttft_deadline_ms else None
+        self.step_time_s = 0.0          # recent step time (EWMA), reported by the engine
+
+    def observe_step(self, seconds: float) -> None:
+        self.step_time_s = seconds if not self.step_time_s else 0.8 * self.step_time_s + 0.2 * seconds
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -47,8 +59,27 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if self.ttft_deadline_s is not None:
+            self._order_by_deadline(budget, time.monotonic())
         self._schedule_waiting(out, budget)
         return out
+
+    def _order_by_deadline(self, budget: int, now: float) -> None:
+        if not self.waiting or budget <= 0 or self.step_time_s <= 0:
+            return
+        rate = budget / self.step_time_s           # prompt tokens/s next to the running sequences
+        ahead = sum(s.num_uncomputed_tokens for s in self.running if s.num_uncomputed_tokens > 1)
+        head, on_time, late = [], [], []
+        for seq in self.waiting:
+            if seq.num_preemptions:                 # preempted sequences keep the head of the queue
+                head.append(seq)
+                continue
+            if not seq.late:
+                seq.late = now + (ahead + seq.num_uncomputed_tokens) / rate > seq.arrival_time + self.ttft_deadline_s
+                ahead += 0 if seq.late else seq.num_uncomputed_tokens
+            (late if seq.late else on_time).append(seq)
+        if late:
+            self.waiting = deque(head + on_time + late)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0

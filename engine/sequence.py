@@ -31,6 +31,7 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    late: bool = False                  # can no longer meet its TTFT deadline (deadline order only)
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens being verified this step
     spec_draft_probs: object | None = None                    # [k, V] draft distribution (None: n-gram)
     generator: object | None = None                           # torch.Generator for seeded sampling

@@ -171,24 +171,39 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, retry: int = 0, **_) -
             initial_delay=control.interval_s())
 async def control_service(body: kopf.Body, patch: kopf.Patch, **_) -> None:
     """The control loop (control/loop.py): scale the Deployment, switch speculation, report why."""
+    await _control(body, patch, control.run_once, forget=True)
+
+
+async def detect_surge(body: kopf.Body, patch: kopf.Patch, **_) -> None:
+    """Surge detection between control intervals (control/loop.py:run_detect): scale-ups only."""
+    await _control(body, patch, control.run_detect, forget=False)
+
+
+async def _control(body: kopf.Body, patch: kopf.Patch, run, forget: bool) -> None:
     plain = _plain(body)
     if plain["metadata"].get("deletionTimestamp"):
-        control.forget(plain["metadata"]["namespace"], plain["metadata"]["name"])
+        if forget:
+            control.forget(plain["metadata"]["namespace"], plain["metadata"]["name"])
         return
     k = kube()
     try:
-        outcome = await control.run_once(plain, k, now_iso())
+        outcome = await run(plain, k, now_iso())
     except Exception as exc:
         if not k.transient(exc):
             raise
         # The next interval re-reads everything; kopf's 60 s timer backoff would stall the loop instead.
-        logging.getLogger(__name__).warning("control interval of %s/%s skipped: API server: %s",
+        logging.getLogger(__name__).warning("control of %s/%s skipped: API server: %s",
                                             plain["metadata"]["namespace"], plain["metadata"]["name"], exc)
         return
     if outcome is None:
         return
     patch.status.update(outcome.status)
     _post(body, outcome.events)
+
+
+if control.detect_interval_s() > 0:
+    kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=control.detect_interval_s(),
+               initial_delay=control.interval_s())(detect_surge)
 
 
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)

@@ -167,11 +167,12 @@ def engine_container(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, 
 
 
 def specfleet_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: ModelMount | None) -> list[str]:
-    """`specfleet engine serve` flags, exactly DESIGN.md section 3."""
+    """`specfleet engine serve` flags: DESIGN.md section 3, plus the TTFT target for deadline-ordered admission."""
     args = ["--model", model.arg, "--served-model-name", spec.model.name, "--port", str(PORT),
             "--block-size", str(plan.block_size), "--num-kv-blocks", str(plan.kv_cache_blocks),
             "--max-num-seqs", str(plan.max_num_seqs),
-            "--max-num-batched-tokens", str(plan.max_num_batched_tokens), "--enable-prefix-caching"]
+            "--max-num-batched-tokens", str(plan.max_num_batched_tokens), "--enable-prefix-caching",
+            "--ttft-deadline-ms", f"{spec.slo.ttft_p99_ms:g}"]
     sp = plan.speculation
     if sp.method is not None and sp.k > 0:
         args += ["--speculative-method", sp.method]

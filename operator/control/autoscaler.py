@@ -1,19 +1,23 @@
 """The autoscaler (pure): a metrics window and the calibrated model -> desired replicas, with a reason.
 
-    arrivals = first tokens/s + queue growth/s + running growth/s (admitted, not yet prefilled)
+    arrivals = requests ended/s + growth/s of those in the engines (running + waiting)
+               (without a count of ended requests: first tokens/s + queue growth/s + running growth/s)
     demand   = arrivals + headroom (1 x the observed arrival noise, <= 25%) + queue / drain time
     capacity = requests/s one replica carries at `target_utilization` of the batch that holds the ITL target
     need     = ceil(demand / capacity)
 
 Faster up than down: a scale-up is immediate on an SLO violation, a growing queue, a jump of half the
 fleet or more, or a trend (a rise out of the noise seen twice, or once while the fleet is short), which
-provisions for the load one start-up delay ahead plus the backlog built until new pods serve (the fast
-path), otherwise it waits for the recommendation to persist over
-`scale_up_stabilization_s` (the smallest recommendation in that window wins). A scale-down takes the
+provisions for the load one start-up delay ahead plus the backlog built until new pods serve, sized
+at `surge_utilization` of the SLO batch (the fast path), otherwise it waits for the recommendation to
+persist over `scale_up_stabilization_s` (the smallest recommendation in that window wins). A scale-down takes the
 largest recommendation of the last `scale_down_stabilization_s`, only once `down_cooldown_s` has passed
 since the last scale-up, and only when the smaller fleet is predicted to hold the SLO. Steps are bounded
 (up: x2 or +4, down: -25% or -1), results lie in [min, max], and an incomplete window (a pod not
 scraped, no traffic evidence) changes nothing: missing is not zero.
+
+Between two decisions `detect` looks at a short window (`detect_interval_s`) for a surge only: arrivals
+out of the last decision's by more than the counting noise scale up at once, nothing else changes.
 """
 from __future__ import annotations
 
@@ -44,8 +48,12 @@ class ScalingPolicy:
     headroom_cap: float = 0.25          # ... but at most this share of the arrivals
     noise_halflife_s: float = 300.0     # memory of the arrival-noise estimate
     jump_sigmas: float = 3.0            # a one-window rise counts when above this many noise deviations
-    down_cooldown_s: float = 120.0      # no scale-down this soon after a scale-up (then the window rules)
+    down_cooldown_s: float = 60.0       # no scale-down this soon after a scale-up (then the window rules):
+                                        # the new pods start and serve a window before any is handed back
     max_down_share: float = 0.25
+    detect_interval_s: float = 5.0      # `detect` looks at windows this long between decisions
+    surge_utilization: float = 1.0      # share of the SLO batch a predicted surge is sized at (the steady
+                                        # path adds the rest to `target_utilization` once it is measured)
 
     @classmethod
     def from_spec(cls, autoscaling, **over) -> "ScalingPolicy":
@@ -60,6 +68,7 @@ class AutoscalerState:
     last_up: float = -math.inf
     last_rps: float | None = None       # arrivals (req/s) of the previous window
     last_time: float | None = None
+    last_seconds: float = 0.0           # length of the previous window
     last_inflight: float | None = None  # running + waiting at the previous window's end
     last_slope: float = 0.0             # arrival growth (req/s per s) seen by the previous window
     noise: float = 0.0                  # EWMA of squared window-to-window arrival changes ((req/s)^2)
@@ -102,8 +111,8 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
     significant = jump > policy.jump_sigmas * math.sqrt(2 * max(state.noise, floor))
     short = bool(_violation(window, model)) or _growing(window)
     rising = significant and (state.last_slope > 0 or short)
-    state = replace(state, last_rps=arrivals, last_time=now, last_slope=slope, noise=noise,
-                    last_inflight=_inflight(window))
+    state = replace(state, last_rps=arrivals, last_time=now, last_seconds=window.seconds, last_slope=slope,
+                    noise=noise, last_inflight=_inflight(window))
     output = window.output_tokens_per_request
     per_replica = model.replica_rps(policy.target_utilization, alpha, k, output)
     full = model.replica_rps(1.0, alpha, k, output)     # what a replica carries at its SLO batch
@@ -126,7 +135,8 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
     ahead = need
     if rising:
         serving = current if ready is None else ready + (current - ready) / 2   # starting pods: half the time
-        ahead = _ahead(window, policy, arrivals, slope, headroom, per_replica, full, serving)
+        surge = model.replica_rps(policy.surge_utilization, alpha, k, output)
+        ahead = _ahead(window, policy, arrivals, slope, headroom, surge, full, serving)
         if ahead > current and need <= current:
             need = ahead
             load = (f"arrivals {arrivals:.1f} req/s rising {slope:.2f} req/s per s; "
@@ -136,6 +146,59 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
     if need < current:
         return _down(window, model, policy, state, current, need, now, demand, alpha, k, output, load)
     return ScaleDecision(current, current, "Stable", load, need), state
+
+
+def detect(window: Window | None, model: ServiceModel, current: int, policy: ScalingPolicy,
+           state: AutoscalerState, now: float, alpha: float = 0.0, k: int = 0, ready: int | None = None
+           ) -> tuple[ScaleDecision, AutoscalerState]:
+    """Surge detection between two decisions, on a short window (`detect_interval_s`): when its
+    arrivals stand out of the last decision's by more than `jump_sigmas` deviations (Poisson counting
+    noise of both windows plus the noise estimate), scale up at once (`LoadSurge`) to what `_ahead`
+    asks for with the growth measured since that decision's window. It never scales down and leaves the
+    history and the noise estimate to `decide`; only the time of a scale-up is kept (the cool-down)."""
+    rise = _surge(window, state, policy)
+    if rise is None:
+        return ScaleDecision(current, current, "Stable", "no surge in the short window"), state
+    arrivals, slope = rise
+    output = window.output_tokens_per_request
+    surge = model.replica_rps(policy.surge_utilization, alpha, k, output)
+    full = model.replica_rps(1.0, alpha, k, output)
+    headroom = min(policy.headroom_z * math.sqrt(state.noise), policy.headroom_cap * arrivals)
+    serving = current if ready is None else ready + (current - ready) / 2
+    near = replace(policy, lookahead_s=policy.startup_s + policy.detect_interval_s)   # the next look is that near
+    need = _ahead(window, near, arrivals, slope, headroom, surge, full, serving)
+    target = min(need, max(math.ceil(current * policy.fast_up_factor), current + policy.max_up_pods),
+                 policy.max_replicas)
+    if target <= current:
+        return ScaleDecision(current, current, "Stable", f"surge to {arrivals:.1f} req/s is covered", need), state
+    message = (f"arrivals {arrivals:.1f} req/s over {window.seconds:.0f} s, {state.last_rps:.1f} req/s before "
+               f"(rising {slope:.2f} req/s per s); {surge:.2f} req/s per replica at "
+               f"{policy.surge_utilization:.0%} of the SLO batch")
+    return ScaleDecision(current, target, "LoadSurge", message, need), replace(state, last_up=now)
+
+
+def _surge(window: Window | None, state: AutoscalerState, policy: ScalingPolicy) -> tuple[float, float] | None:
+    """(arrivals, growth per s) of a short window whose arrivals stand out of the previous decision's."""
+    if _missing(window) or state.last_rps is None or state.last_time is None or state.last_seconds <= 0:
+        return None
+    arrivals = _conserved(window)
+    if arrivals is None:
+        return None
+    base = state.last_rps
+    deviation = math.sqrt(base / window.seconds + base / state.last_seconds + state.noise)
+    since = (window.start + window.end) / 2 - (state.last_time - state.last_seconds / 2)
+    if arrivals - base <= policy.jump_sigmas * deviation or since <= 0:
+        return None
+    return arrivals, (arrivals - base) / since
+
+
+def _conserved(window: Window) -> float | None:
+    """Arrivals/s from conservation: requests that ended plus the growth of those in the engines
+    (running + waiting); None without a count of ended requests or the running gauge."""
+    if window.finished_per_second is None or window.running_growth_per_second is None:
+        return None
+    return max(0.0, window.finished_per_second + (window.queue_growth_per_second or 0.0)
+               + window.running_growth_per_second)
 
 
 def _ahead(window: Window, policy: ScalingPolicy, arrivals: float, slope: float, headroom: float,
@@ -197,9 +260,13 @@ def _inflight(window: Window) -> float | None:
 
 
 def _arrivals(window: Window, state: AutoscalerState | None = None) -> float:
-    """Requests arriving per second: admitted ones plus the queue's growth (minus its shrinking), plus
-    the growth of admitted requests still waiting for their first token (known from the running gauge
-    when the previous window is the one just before)."""
+    """Requests arriving per second: by conservation when the engines count ended requests; else
+    admitted ones plus the queue's growth (minus its shrinking), plus the growth of admitted requests
+    still waiting for their first token (known from the running gauge when the previous window is the
+    one just before)."""
+    conserved = _conserved(window)
+    if conserved is not None:
+        return conserved
     rate = window.requests_per_second + (window.queue_growth_per_second or 0.0)
     if state is not None and state.last_inflight is not None and window.running is not None and _follows(window, state):
         then = state.last_inflight - (window.queue_depth - (window.queue_growth_per_second or 0.0) * window.seconds)

@@ -1,9 +1,13 @@
 """One control interval of one InferenceService: discover pods, scrape, window, decide, apply, report.
 
 `decide_step` is pure (window + model + state -> decisions, status fields, Events); `run_once` is the
-I/O around it, called by the kopf timer in `handlers.py`. Per-service state (previous scrapes,
-stabilization history, speculation state, calibration) lives in `LOOPS` in this process; after an
-operator restart it is rebuilt from the Deployment and the first two scrapes.
+I/O around it, called by the kopf timer in `handlers.py`. Between two intervals a second, shorter timer
+(`SPECFLEET_DETECT_INTERVAL`, default 5 s) runs `run_detect`: one more scrape and `detect_step`, which
+can only scale up on a surge (autoscaler.detect); scale-downs, speculation and status stay with the
+interval. The two hold a per-service lock, so neither acts on a replica count the other is changing.
+Per-service state (previous scrapes, stabilization history, speculation state, calibration) lives in
+`LOOPS` in this process; after an operator restart it is rebuilt from the Deployment and the first two
+scrapes.
 
 Decisions are applied to the Deployment's `spec.replicas` (never the CR spec) and, for speculation,
 live through `POST /admin/speculation` on every ready pod (specfleet runtime, bearer token from the
@@ -31,12 +35,19 @@ from specfleet.operator.metrics_source import scrape_pods, set_speculation
 
 log = logging.getLogger("specfleet.operator.control")
 DEFAULT_INTERVAL_S = 15.0
+DEFAULT_DETECT_INTERVAL_S = 5.0
 MAX_DECISIONS = 20
 SPECULATION_ANNOTATION = "specfleet.io/speculation"
 
 
 def interval_s() -> float:
     return float(os.environ.get("SPECFLEET_CONTROL_INTERVAL", DEFAULT_INTERVAL_S))
+
+
+def detect_interval_s() -> float:
+    """Seconds between surge detections; 0 (off) when set to 0 or not shorter than the interval."""
+    value = float(os.environ.get("SPECFLEET_DETECT_INTERVAL", DEFAULT_DETECT_INTERVAL_S))
+    return value if 0 < value < interval_s() else 0.0
 
 
 def _dwell() -> dict:
@@ -52,6 +63,7 @@ class ServiceLoop:
     autoscaler: autoscaler.AutoscalerState = field(default_factory=autoscaler.AutoscalerState)
     speculation: speculation.SpeculationState | None = None
     prev: dict[str, Scrape] = field(default_factory=dict)
+    recent: dict[str, Scrape] = field(default_factory=dict)     # the latest scrape (interval or detection)
 
 
 @dataclass
@@ -67,6 +79,7 @@ class Step:
 
 
 LOOPS: dict[tuple[str, str], ServiceLoop] = {}
+LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
 
 
 def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: planner.Plan, st: ServiceLoop,
@@ -81,14 +94,9 @@ def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: pla
     if spec.replicas is None:
         on = st.speculation is not None and st.speculation.enabled
         alpha = _alpha_in_effect(window, st)
-        scale, st.autoscaler = autoscaler.decide(window, model, current, autoscaler.ScalingPolicy.from_spec(
-            spec.autoscaling), st.autoscaler, now, alpha if on else 0.0, st.speculation.k if on else 0, ready)
-    decisions, events = [], []
-    if scale is not None and scale.changed:
-        decisions.append({"time": when, "kind": "scale", "from": str(scale.current), "to": str(scale.desired),
-                          "reason": scale.reason})
-        events.append(("Normal", f"Scale{'Up' if scale.desired > scale.current else 'Down'}",
-                       f"{scale.current} -> {scale.desired} replicas ({scale.reason}): {scale.message}"))
+        scale, st.autoscaler = autoscaler.decide(window, model, current, _scaling(spec), st.autoscaler, now,
+                                                 alpha if on else 0.0, st.speculation.k if on else 0, ready)
+    decisions, events = _scale_records(scale, when)
     if spec_decision is not None and spec_decision.changed:
         to = f"on k={spec_decision.k}" if spec_decision.enabled else "off"
         decisions.append({"time": when, "kind": "speculation", "from": _spec_from(spec_decision, st), "to": to,
@@ -97,6 +105,36 @@ def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: pla
                        f"speculation {to} ({spec_decision.reason}): {spec_decision.message}"))
     return Step(scale, spec_decision, observed(window, model), conditions(window, model, st, spec_decision),
                 decisions, events)
+
+
+def detect_step(window: Window | None, spec: api.InferenceServiceSpec, st: ServiceLoop, current: int, ready: int,
+                now: float, when: str) -> Step | None:
+    """The pure part of a detection between intervals: a scale-up on a surge, or None."""
+    if spec.replicas is not None:
+        return None
+    on = st.speculation is not None and st.speculation.enabled
+    scale, st.autoscaler = autoscaler.detect(window, st.model, current, _scaling(spec), st.autoscaler, now,
+                                             _alpha_in_effect(window, st) if on else 0.0,
+                                             st.speculation.k if on else 0, ready)
+    if not scale.changed:
+        return None
+    decisions, events = _scale_records(scale, when)
+    return Step(scale, None, {}, [], decisions, events)
+
+
+def _scaling(spec: api.InferenceServiceSpec) -> autoscaler.ScalingPolicy:
+    return autoscaler.ScalingPolicy.from_spec(spec.autoscaling, detect_interval_s=detect_interval_s())
+
+
+def _scale_records(scale: autoscaler.ScaleDecision | None, when: str) -> tuple[list[dict], list[tuple]]:
+    """The `lastDecisions` entry and the Event of a replica change (none without one)."""
+    if scale is None or not scale.changed:
+        return [], []
+    decision = {"time": when, "kind": "scale", "from": str(scale.current), "to": str(scale.desired),
+                "reason": scale.reason}
+    event = ("Normal", f"Scale{'Up' if scale.desired > scale.current else 'Down'}",
+             f"{scale.current} -> {scale.desired} replicas ({scale.reason}): {scale.message}")
+    return [decision], [event]
 
 
 def _alpha_in_effect(window: Window | None, st: ServiceLoop) -> float:
@@ -160,8 +198,56 @@ class Outcome:
     events: list[tuple[str, str, str]]
 
 
+def _lock(ns: str, name: str) -> asyncio.Lock:
+    return LOCKS.setdefault((ns, name), asyncio.Lock())
+
+
 async def run_once(body: dict, kube, when: str, clock=time.monotonic) -> Outcome | None:
     """One interval for one InferenceService; None when there is nothing to control yet."""
+    async with _lock(body["metadata"]["namespace"], body["metadata"]["name"]):
+        return await _interval(body, kube, when, clock)
+
+
+async def run_detect(body: dict, kube, when: str, clock=time.monotonic) -> Outcome | None:
+    """One surge detection between intervals; None unless it scaled up (or before the first interval)."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    try:
+        spec = api.parse_spec(body.get("spec") or {})
+    except api.SpecError:
+        return None
+    async with _lock(ns, name):
+        st = LOOPS.get((ns, name))
+        if st is None or st.generation != meta.get("generation", 1) or spec.replicas is not None:
+            return None
+        deployment = await asyncio.to_thread(kube.get, "Deployment", ns, name)
+        if deployment is None:
+            return None
+        current = (deployment.get("spec") or {}).get("replicas", 0)
+        step = await _detect(kube, ns, name, spec, st, deployment, clock, when)
+    if step is None:
+        return None
+    telemetry.DESIRED.labels(ns, name).set(step.scale.desired)
+    telemetry.DECISIONS.labels(ns, name, "scale", step.scale.reason).inc()
+    return Outcome(_status(body, step, when, current), step.events)
+
+
+async def _detect(kube, ns: str, name: str, spec, st: ServiceLoop, deployment: dict, clock, when: str) -> Step | None:
+    """Scrape, build the short window since the latest scrape, and apply a scale-up if there is one."""
+    endpoints = await asyncio.to_thread(pod_endpoints, kube, ns, name)
+    scrapes = await scrape_pods(endpoints) if endpoints else {}
+    window = build_window(st.recent, scrapes, expected=len(endpoints))
+    st.recent = {**{p: s for p, s in st.recent.items() if p in endpoints}, **scrapes}
+    current = (deployment.get("spec") or {}).get("replicas", 0)
+    ready = ((deployment.get("status") or {}).get("readyReplicas")) or 0
+    step = detect_step(window, spec, st, current, ready, clock(), when)
+    if step is not None:
+        await asyncio.to_thread(kube.apps.patch_namespaced_deployment, name, ns,
+                                {"spec": {"replicas": step.scale.desired}}, _preload_content=False)
+    return step
+
+
+async def _interval(body: dict, kube, when: str, clock) -> Outcome | None:
     meta = body["metadata"]
     name, ns, generation = meta["name"], meta["namespace"], meta.get("generation", 1)
     try:
@@ -181,6 +267,7 @@ async def run_once(body: dict, kube, when: str, clock=time.monotonic) -> Outcome
     scrapes = await scrape_pods(endpoints) if endpoints else {}
     window = build_window(st.prev, scrapes, expected=len(endpoints))
     st.prev = {**{p: s for p, s in st.prev.items() if p in endpoints}, **scrapes}
+    st.recent = dict(st.prev)
     if window is not None and window.complete and st.speculation is not None:
         st.model = recalibrate(st.model, window.steps, st.speculation.k)
     step = decide_step(window, spec, plan, st, current, ready, clock(), when)
@@ -208,6 +295,7 @@ def _state(ns: str, name: str, generation: int, spec, plan) -> ServiceLoop | Non
 
 def forget(ns: str, name: str) -> None:
     LOOPS.pop((ns, name), None)
+    LOCKS.pop((ns, name), None)
 
 
 def pod_endpoints(kube, ns: str, name: str) -> dict[str, str]:
@@ -279,8 +367,10 @@ def _status(body: dict, step: Step, when: str, current: int) -> dict:
 
     old = body.get("status") or {}
     generation = body["metadata"].get("generation", 1)
-    patch: dict = {"conditions": status_mod.merge_conditions(old.get("conditions") or [], step.conditions, when,
-                                                             generation)}
+    patch: dict = {}
+    if step.conditions:
+        patch["conditions"] = status_mod.merge_conditions(old.get("conditions") or [], step.conditions, when,
+                                                          generation)
     if step.observed:
         patch["observed"] = step.observed
     if step.decisions:

@@ -21,6 +21,7 @@ DRAFTS, DRAFT_TOKENS = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draf
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 CF_DRAFT_TOKENS, CF_ACCEPTED_TOKENS = "specfleet:counterfactual_draft_tokens", "specfleet:counterfactual_accepted_tokens"
 TTFT, ITL = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
+E2E, ENDED = "vllm:e2e_request_latency_seconds", "vllm:request_success"
 BATCH_SIZE, STEP_TIME = "specfleet:batch_size", "specfleet:step_duration_seconds"
 STEP_SEQS, STEP_TOKENS = "specfleet:step_seqs", "specfleet:step_tokens"
 SPEC_ENABLED, SPEC_K = "specfleet:speculation_enabled", "specfleet:num_speculative_tokens"
@@ -122,7 +123,9 @@ class Window:
     pods_expected: int
     pods_scraped: int
     requests_per_second: float | None = None       # requests that got their first token
+    finished_per_second: float | None = None       # requests that ended, aborted ones included
     queue_growth_per_second: float | None = None
+    running_growth_per_second: float | None = None
     ttft: Histogram | None = None
     itl: Histogram | None = None
     batch_size_mean: float | None = None
@@ -189,11 +192,18 @@ def build_window(prev: Mapping[str, Scrape], cur: Mapping[str, Scrape], expected
     batch = d.hist(BATCH_SIZE)
     waiting_then = _gauge_sum([a for a, _ in known], WAITING)
     waiting_now = _gauge_sum(now, WAITING)
+    running_then, running_now = _gauge_sum([a for a, _ in known], RUNNING), _gauge_sum(now, RUNNING)
+    ended = d.family(ENDED)
+    if ended is None and d.hist(E2E) is not None:     # the latency histogram leaves aborted requests out
+        ended = d.hist(E2E).count
     return Window(
         start=start, end=end, pods_expected=expected, pods_scraped=len(pairs),
         requests_per_second=first.count / seconds if first is not None else None,
+        finished_per_second=_rate(ended, seconds),
         queue_growth_per_second=(waiting_now - waiting_then) / seconds
         if None not in (waiting_now, waiting_then) else None,
+        running_growth_per_second=(running_now - running_then) / seconds
+        if None not in (running_now, running_then) else None,
         ttft=first, itl=d.hist(ITL),
         batch_size_mean=batch.sum / batch.count if batch is not None and batch.count > 0 else None,
         running=_gauge_sum(now, RUNNING), queue_depth=waiting_now, kv_cache_usage=_gauge_mean(now, KV_USAGE),
@@ -215,6 +225,13 @@ class _Deltas:
 
     def counter(self, key: str) -> float | None:
         deltas = [_counter_delta(a.counters.get(key), b.counters.get(key)) for a, b in self.pairs]
+        known = [x for x in deltas if x is not None]
+        return sum(known) if known else None
+
+    def family(self, name: str) -> float | None:
+        """Summed increase of a counter over all its label sets (e.g. every finish reason)."""
+        keys = {k for _, b in self.pairs for k in b.counters if k == name or k.startswith(name + "{")}
+        deltas = [self.counter(k) for k in sorted(keys)]
         known = [x for x in deltas if x is not None]
         return sum(known) if known else None
 

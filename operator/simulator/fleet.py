@@ -3,9 +3,18 @@
 Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the performance model's
 length at its current batch (a mixed step while it prefills), so its sequences get dt / T(B, ctx, k+1)
 steps of E[tokens | alpha, k] tokens each, and prompts share the step's token budget in arrival order.
-A gateway queue feeds the least-loaded ready pods up to `max_num_seqs`. Every pod keeps the engine's
+A gateway queue feeds the least-loaded ready pods up to `max_num_seqs`, dealt round-robin. Every pod keeps the engine's
 cumulative metrics (vLLM names), and `scrape()` hands them to the control loop as `Scrape`s, so the
 controller sees exactly what it would see from real engines.
+
+A prompt that has not started prefill waits (the engine's waiting queue): it holds no KV cache and
+takes no part in the step, so step time and the prefill budget count started sequences only.
+
+Queue policy, the engine scheduler's order for prompts that have not started prefill (the gateway queue
+stands in for the engines' waiting queues): `fifo` serves them in arrival order; `deadline` first serves,
+in arrival order, those that can still meet their TTFT deadline (arrival + TTFT target) if prefilled
+after the on-time prompts ahead of them at the pod's prefill rate, then the late ones in arrival order.
+Prompts whose prefill has started keep going first either way, and nothing is dropped.
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.0
                0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, math.inf)
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_PODS = 4096
+QUEUE_POLICIES = ("fifo", "deadline")
 
 
 @dataclass
@@ -40,8 +50,11 @@ class Fleet:
     """All pods of one service and the requests they serve."""
 
     def __init__(self, model: ServiceModel, truth: pm.Calibration, prompt: int, startup_s: float,
-                 gpus_per_replica: int, kv_tokens: int, rng: np.random.Generator):
+                 gpus_per_replica: int, kv_tokens: int, rng: np.random.Generator, queue_policy: str = "fifo"):
+        if queue_policy not in QUEUE_POLICIES:
+            raise ValueError(f"unknown queue policy {queue_policy!r}; one of {', '.join(QUEUE_POLICIES)}")
         self.m, self.truth, self.prompt, self.startup_s = model, truth, prompt, startup_s
+        self.queue_policy, self.deadline = queue_policy, queue_policy == "deadline"
         self.kv_tokens = kv_tokens
         self.gpus, self.rng = gpus_per_replica, rng
         self.created = np.full(MAX_PODS, np.inf)
@@ -50,6 +63,7 @@ class Fleet:
         self.draining = np.zeros(MAX_PODS, bool)
         self.k = np.zeros(MAX_PODS, int)
         self.n = 0
+        self._now = 0.0
         self.cf_k = max(1, model.max_k)
         self._metrics()
         self.req = {key: np.zeros(0) for key in ("rep", "start", "arrival", "pleft", "oleft", "first", "worst", "olen")}
@@ -63,6 +77,7 @@ class Fleet:
         self.ttft_sum = np.zeros(n)
         self.itl_h = np.zeros((n, len(ITL_BUCKETS)))
         self.itl_sum = np.zeros(n)
+        self.e2e_n, self.e2e_sum = np.zeros(n), np.zeros(n)
         self.batch_sum, self.batch_steps = np.zeros(n), np.zeros(n)
         self.step_s = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
         self.step_n = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
@@ -102,6 +117,7 @@ class Fleet:
 
     # -- time ------------------------------------------------------------------------------------
     def tick(self, t0: float, dt: float, rate: float, alpha: float) -> None:
+        self._now = t0 + dt
         self._arrive(t0, dt, rate)
         self._admit(t0)
         self._advance(t0, dt, alpha)
@@ -130,25 +146,82 @@ class Fleet:
         m = int(take.sum())
         if not m:
             return
+        # Dealt round-robin, so no pod gets all of the oldest (or all of the on-time) requests.
         rep = np.repeat(ids, take)
-        arrival, out = self.queue_arrival[:m], self.queue_out[:m]
-        self.queue_arrival, self.queue_out = self.queue_arrival[m:], self.queue_out[m:]
+        rep = rep[np.argsort(np.arange(m) - np.repeat(np.cumsum(take) - take, take), kind="stable")]
+        picked = self._dequeue(t0, m, ids)
+        arrival, out = self.queue_arrival[picked], self.queue_out[picked]
+        kept = np.ones(len(self.queue_arrival), bool)
+        kept[picked] = False
+        self.queue_arrival, self.queue_out = self.queue_arrival[kept], self.queue_out[kept]
         new = {"rep": rep.astype(float), "start": np.maximum(arrival, t0), "arrival": arrival,
                "pleft": np.full(m, float(self.prompt)), "oleft": out, "first": np.full(m, np.nan),
                "worst": np.zeros(m), "olen": out}
         self.req = {key: np.concatenate([self.req[key], new[key]]) for key in self.req}
         np.add.at(self.c[w.PROMPT_TOKENS], rep, self.prompt)
 
+    def _dequeue(self, t0: float, m: int, ids: np.ndarray) -> np.ndarray:
+        """Indices of the `m` queued requests handed to the pods `ids` next: the oldest (fifo), or the
+        oldest that can still meet their deadline at the pods' joint prefill rate behind the started
+        prompts, then the oldest late ones (deadline). The queue is in arrival order."""
+        if not self.deadline:
+            return np.arange(m)
+        r = self.req
+        started = r["pleft"][(r["pleft"] > 0) & (r["pleft"] < self.prompt)
+                             & np.isin(r["rep"].astype(int), ids)].sum()
+        rate = float(self._prefill_rate(ids).sum())
+        late = _late(self.queue_arrival + self.m.ttft_s, t0, float(started), rate, self.prompt)
+        return np.r_[np.flatnonzero(~late), np.flatnonzero(late)][:m]
+
+    def _prefill_order(self, r, rep: np.ndarray, idx: np.ndarray, t0: float, rate: np.ndarray) -> np.ndarray:
+        """Pending prompts per pod in service order: admission order (fifo), or started prefills, then
+        prompts that can still meet their deadline at the pod's prefill `rate` (tokens/s), then late
+        ones, each in arrival order (deadline)."""
+        if not self.deadline:
+            return idx[np.lexsort((r["start"][idx], rep[idx]))]
+        started = r["pleft"][idx] < self.prompt
+        ahead = np.bincount(rep[idx][started], weights=r["pleft"][idx][started], minlength=self.n)
+        waiting = idx[~started]
+        waiting = waiting[np.lexsort((r["arrival"][waiting], rep[waiting]))]
+        pods = rep[waiting]
+        deadline = r["arrival"][waiting] + self.m.ttft_s
+        # Fast check: every waiting prompt fits behind all those before it at its pod (none is late).
+        first = np.r_[0, np.flatnonzero(np.diff(pods)) + 1]
+        position = np.arange(len(waiting)) - np.repeat(first, np.diff(np.r_[first, len(waiting)]))
+        fits = ((deadline - t0) * rate[pods] - ahead[pods]) / self.prompt >= position + 1
+        late = np.zeros(len(waiting), bool)
+        for pod in np.unique(pods[~fits]):
+            mine = np.flatnonzero(pods == pod)
+            late[mine] = _late(deadline[mine], t0, float(ahead[pod]), float(rate[pod]), self.prompt)
+        rank = np.zeros(len(r["rep"]), int)
+        rank[waiting] = np.where(late, 2, 1)
+        return idx[np.lexsort((r["arrival"][idx], rank[idx], rep[idx]))]
+
+    def _prefill_rate(self, ids: np.ndarray) -> np.ndarray:
+        """Prompt tokens/s each pod prefills next to its running sequences (the engine knows its budget
+        and its step time)."""
+        active = self._batches()[1][ids]
+        step = self._step_time(active, self.k[ids], np.ones(len(ids), bool))
+        return np.maximum(self.m.chunk - active, 1.0) / step
+
+    def _batches(self) -> tuple[np.ndarray, np.ndarray]:
+        """Requests each pod holds, and those of them in the step (prefill started; the rest wait)."""
+        r = self.req
+        rep = r["rep"].astype(int)
+        held = np.bincount(rep, minlength=self.n).astype(float)
+        active = np.bincount(rep, weights=(r["pleft"] < self.prompt).astype(float), minlength=self.n)
+        return held, active
+
     def _advance(self, t0: float, dt: float, alpha: float) -> None:
         r, t1 = self.req, t0 + dt
         if not len(r["rep"]):
             return
         rep = r["rep"].astype(int)
-        batch = np.bincount(rep, minlength=self.n).astype(float)
+        held, batch = self._batches()
         prefilling = np.bincount(rep, weights=(r["pleft"] > 0).astype(float), minlength=self.n) > 0
         k = self.k[:self.n]
         step = self._step_time(batch, k, prefilling)
-        steps = np.where(batch > 0, dt / step, 0.0)
+        steps = np.where(held > 0, dt / step, 0.0)
         tokens_per_step = _expected(alpha, k)
         tpot = step / tokens_per_step
         first_at = self._prefill(r, rep, batch, steps, t0, dt)
@@ -170,9 +243,9 @@ class Fleet:
         first_at = np.full(len(rep), np.nan)
         if not len(idx):
             return first_at
-        order = idx[np.lexsort((r["start"][idx], rep[idx]))]
-        pods = rep[order]
         budget = steps * np.maximum(self.m.chunk - batch, 1.0)
+        order = self._prefill_order(r, rep, idx, t0, budget / dt)
+        pods = rep[order]
         left = r["pleft"][order]
         cum = np.cumsum(left)
         starts = np.r_[0, np.flatnonzero(np.diff(pods)) + 1]
@@ -226,6 +299,9 @@ class Fleet:
             return
         ttft = r["first"][done] - r["arrival"][done]
         met = (ttft <= self.m.ttft_s) & (r["worst"][done] <= self.m.itl_s)
+        pods = r["rep"][done].astype(int)
+        np.add.at(self.e2e_n, pods, 1)
+        np.add.at(self.e2e_sum, pods, self._now - r["arrival"][done])
         t = self.totals
         t.requests += int(done.sum())
         t.met += int(met.sum())
@@ -234,6 +310,13 @@ class Fleet:
         t.tpot_sum += float(r["worst"][done].sum())
         self.ttft_samples.append(ttft.astype(np.float32))
         self.req = {key: value[~done] for key, value in r.items()}
+
+    def unfinished_late(self, now: float) -> int:
+        """Requests not finished at `now` that already missed the TTFT target (queued or at a pod), so a
+        run's end cannot hide requests a queue policy left waiting."""
+        r, limit = self.req, self.m.ttft_s
+        waited = np.where(np.isnan(r["first"]), now, r["first"]) - r["arrival"]
+        return int(np.sum(now - self.queue_arrival > limit) + np.sum(waited > limit))
 
     # -- what the control loop sees ------------------------------------------------------------
     def queue_depth(self) -> int:
@@ -252,8 +335,10 @@ class Fleet:
     def _scrape_pod(self, i: int, now: float, running: float, waiting: float) -> w.Scrape:
         hists = {w.TTFT: _hist(TTFT_BUCKETS, self.ttft_h[i], self.ttft_sum[i]),
                  w.ITL: _hist(ITL_BUCKETS, self.itl_h[i], self.itl_sum[i]),
-                 w.BATCH_SIZE: w.Histogram((math.inf,), (self.batch_steps[i],), self.batch_sum[i])}
+                 w.BATCH_SIZE: w.Histogram((math.inf,), (self.batch_steps[i],), self.batch_sum[i]),
+                 w.E2E: w.Histogram((math.inf,), (self.e2e_n[i],), self.e2e_sum[i])}
         counters = {name: float(v[i]) for name, v in self.c.items()}
+        counters[w.ENDED + "{finished_reason=stop}"] = float(self.e2e_n[i])
         for b, bound in enumerate((*BATCH_BOUNDS, "256+")):
             for s, flag in enumerate(("false", "true")):
                 if self.step_n[i, b, s] > 0:
@@ -275,6 +360,22 @@ def _expected(alpha: float, k: np.ndarray) -> np.ndarray:
     if alpha >= 1:
         return k + 1.0
     return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _late(deadlines: np.ndarray, now: float, ahead: float, rate: float, prompt: float) -> np.ndarray:
+    """Which waiting prompts (deadlines ascending) miss their deadline even when served in order after
+    `ahead` tokens and the on-time prompts before them at `rate` tokens/s (the late ones step aside)."""
+    late = np.ones(len(deadlines), bool)
+    if rate <= 0:
+        return late
+    # Whole prompts that fit before each deadline; a prompt is on time while that exceeds those ahead.
+    fits = np.floor(((deadlines - now) * rate - ahead) / prompt)
+    on_time = 0
+    for i in np.flatnonzero(fits >= 1):
+        if fits[i] > on_time:
+            on_time += 1
+            late[i] = False
+    return late
 
 
 def _waterfill(batch: np.ndarray, free: np.ndarray, m: int) -> np.ndarray:

@@ -30,6 +30,17 @@ class SpecfleetScaler:
                                                  ready)
         return decision.desired, decision.reason
 
+    @property
+    def detect_interval_s(self) -> float:
+        return self.policy.detect_interval_s
+
+    def detect(self, window: Window | None, model: ServiceModel, current: int, now: float, alpha: float, k: int,
+               ready: int | None = None) -> tuple[int, str]:
+        """Surge detection between two decisions (autoscaler.detect): scale-ups only."""
+        decision, self.state = autoscaler.detect(window, model, current, self.policy, self.state, now, alpha, k,
+                                                 ready)
+        return decision.desired, decision.reason
+
 
 @dataclass
 class StaticScaler:

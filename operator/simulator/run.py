@@ -59,28 +59,50 @@ def make_policies(name: str, scenario: Scenario, spec, model: ServiceModel, trut
     return scaler, spec_ctl, peak
 
 
+def queue_policy_of(policy: str) -> str:
+    """The engine scheduler a policy runs on: ours (specfleet engines) order their waiting prompts by
+    deadline; the peer baselines and static-peak run FIFO engines (vLLM's default)."""
+    return "deadline" if policy in ("specfleet",) + P.SPECULATION else "fifo"
+
+
 def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int | None = None,
-             interval_s: float = INTERVAL_S, dt: float = DT) -> dict:
+             interval_s: float = INTERVAL_S, dt: float = DT, queue_policy: str | None = None) -> dict:
+    """Run `policy` on `scenario`; `queue_policy` (fifo | deadline) overrides the policy's engine."""
     spec, plan, model, truth = setup(scenario)
     scaler, spec_ctl, peak = make_policies(policy, scenario, spec, model, truth, fixed_replicas)
     rng = np.random.default_rng(seed)
+    queue_policy = queue_policy or queue_policy_of(policy)
     fleet = Fleet(model, truth, spec.slo.prompt_tokens, scenario.startup_s, plan.gpus_per_replica,
-                  plan.kv_cache_blocks * plan.block_size, rng)
+                  plan.kv_cache_blocks * plan.block_size, rng, queue_policy)
     enabled, k = _initial_speculation(spec_ctl, spec)
     fleet.set_speculation(enabled, k)
     start = _initial_replicas(scaler, scenario, model, spec)
     fleet.add_pods(start, 0.0, k if enabled else 0, ready_now=True)
-    prev, series, actions, switches = fleet.scrape(0.0), [], 0, 0
+    prev, series, actions, switches, spec_reason = fleet.scrape(0.0), [], 0, 0, ""
+    # Surge detection between decisions (ours only): scrapes every `detect_s`, scale-ups only.
+    detect_s = getattr(scaler, "detect_interval_s", 0.0)
+    detect_s = detect_s if 0 < detect_s < interval_s else 0.0
+    recent, next_detect = prev, detect_s or math.inf
     next_control, t = interval_s, 0.0
     while t < scenario.duration_s - 1e-9:
         fleet.tick(t, dt, scenario.rate(t + dt / 2), scenario.alpha(t + dt / 2))
         t += dt
         if t + 1e-9 < next_control:
+            if t + 1e-9 >= next_detect:
+                next_detect += detect_s
+                cur = fleet.scrape(t)
+                window, recent = build_window(recent, cur, expected=len(cur)), cur
+                desired, reason = scaler.detect(window, model, len(fleet.alive()), t,
+                                                *_speculating(window, k, enabled, scenario, t), _ready(fleet, t))
+                if _scale(fleet, desired, t, k if enabled else 0):
+                    actions += 1
+                    series.append(_point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason))
             continue
         next_control += interval_s
+        next_detect = t + detect_s if detect_s else math.inf
         cur = fleet.scrape(t)
         window = build_window(prev, cur, expected=len(cur))
-        prev = cur
+        prev = recent = cur
         if window is not None and window.complete:
             model = recalibrate(model, window.steps, k)
         on, new_k, spec_reason = spec_ctl.decide(window, model, t)
@@ -88,19 +110,32 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
             switches += int(on != enabled)
             enabled, k = on, new_k
             fleet.set_speculation(enabled, k)
-        current = len(fleet.alive())
-        alpha = scenario.alpha(t) if window is None or window.acceptance_rate is None else _alpha(window, k)
-        ready = int(sum(1 for i in fleet.ready(t) if not fleet.draining[i]))
-        desired, reason = scaler.decide(window, model, current, t, alpha if enabled else 0.0, k if enabled else 0,
-                                        ready)
-        if desired != current:
-            actions += 1
-            if desired > current:
-                fleet.add_pods(desired - current, t, k if enabled else 0)
-            else:
-                fleet.remove_pods(current - desired, t)
+        desired, reason = scaler.decide(window, model, len(fleet.alive()), t,
+                                        *_speculating(window, k, enabled, scenario, t), _ready(fleet, t))
+        actions += _scale(fleet, desired, t, k if enabled else 0)
         series.append(_point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason))
     return _summary(scenario, policy, fleet, series, actions, switches, peak, model, seed)
+
+
+def _speculating(window, k: int, enabled: bool, scenario: Scenario, t: float) -> tuple[float, int]:
+    """(alpha, k) of the speculation in effect, as the scaler sees it (0, 0 while off)."""
+    if not enabled:
+        return 0.0, 0
+    return (scenario.alpha(t) if window is None or window.acceptance_rate is None else _alpha(window, k)), k
+
+
+def _ready(fleet: Fleet, t: float) -> int:
+    return int(sum(1 for i in fleet.ready(t) if not fleet.draining[i]))
+
+
+def _scale(fleet: Fleet, desired: int, t: float, k: int) -> int:
+    """Apply a replica count; 1 when it changed the fleet."""
+    current = len(fleet.alive())
+    if desired > current:
+        fleet.add_pods(desired - current, t, k)
+    elif desired < current:
+        fleet.remove_pods(current - desired, t)
+    return int(desired != current)
 
 
 def _alpha(window, k) -> float:
@@ -127,7 +162,7 @@ def _point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason) -
     ttft = window.ttft_p99 if window is not None else None
     itl = window.itl_p99 if window is not None else None
     return {"t": t, "rate": scenario.rate(t), "alpha": scenario.alpha(t), "replicas": len(fleet.alive()),
-            "ready": int(sum(1 for i in fleet.ready(t) if not fleet.draining[i])), "queue": fleet.queue_depth(),
+            "ready": _ready(fleet, t), "queue": fleet.queue_depth(),
             "batch": None if window is None else window.batch_size_mean,
             "ttft_p99_ms": None if ttft is None else round(ttft * 1000, 1),
             "itl_p99_ms": None if itl is None else round(itl * 1000, 2),
@@ -138,9 +173,10 @@ def _point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason) -
 def _summary(scenario, policy, fleet, series, actions, switches, peak, model, seed) -> dict:
     tot = fleet.totals
     ttfts = np.concatenate(fleet.ttft_samples) if fleet.ttft_samples else np.zeros(1)
-    stuck = int(np.sum(scenario.duration_s - fleet.queue_arrival > model.ttft_s))
+    stuck = fleet.unfinished_late(scenario.duration_s)
     requests = tot.requests + stuck
-    return {"scenario": scenario.name, "policy": policy, "seed": seed, "duration_s": scenario.duration_s,
+    return {"scenario": scenario.name, "policy": policy, "queue_policy": fleet.queue_policy, "seed": seed,
+            "duration_s": scenario.duration_s,
             "requests": requests,
             "slo_attainment": round(tot.met / requests, 5) if requests else None,
             "goodput": round(tot.good_tokens / scenario.duration_s, 1),

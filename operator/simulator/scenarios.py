@@ -118,11 +118,16 @@ def from_trace(path: Path, alpha: float = 0.6) -> Scenario:
 
 
 def adjusted(sc: Scenario, duration: float | None = None, load: float = 1.0,
-             startup_s: float | None = None) -> Scenario:
-    """A scenario cut short, with its arrival rate scaled, or another pod start-up time."""
+             startup_s: float | None = None, min_replicas: int | None = None) -> Scenario:
+    """A scenario cut short, with its arrival rate scaled, another pod start-up time, or the service
+    declaring another `autoscaling.minReplicas` (a floor kept as burst headroom)."""
     from dataclasses import replace
 
     rate = sc.rate if load == 1.0 else (lambda t, f=sc.rate: f(t) * load)
     name = sc.name if load == 1.0 else f"{sc.name}@x{load:g}"
-    return replace(sc, name=name, rate=rate, duration_s=duration or sc.duration_s,
+    service = sc.service
+    if min_replicas is not None:
+        service = {**service, "autoscaling": {**service["autoscaling"], "minReplicas": min_replicas}}
+        name = f"{name}+minReplicas={min_replicas}"
+    return replace(sc, name=name, rate=rate, duration_s=duration or sc.duration_s, service=service,
                    startup_s=sc.startup_s if startup_s is None else startup_s)

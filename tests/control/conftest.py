@@ -30,13 +30,17 @@ def _hist(bounds, value: float, count: float) -> Histogram:
 
 @pytest.fixture
 def make_window():
-    """A complete 15 s window: `rps` first tokens/s, `queue` waiting, latencies in seconds."""
+    """A complete window (15 s unless `seconds`): `rps` first tokens/s, `queue` waiting, latencies in
+    seconds; `finished` requests ended/s and `running_growth` only when given (else unknown)."""
     def make(rps: float = 20.0, queue: float = 0.0, growth: float = 0.0, pods: int = 2, scraped: int | None = None,
              ttft: float = 0.2, itl: float = 0.015, batch: float = 40.0, acceptance: float | None = 0.6,
-             counterfactual: float | None = None, k: int = 4, end: float = 15.0) -> Window:
-        n = rps * 15
-        return Window(start=end - 15, end=end, pods_expected=pods, pods_scraped=pods if scraped is None else scraped,
-                      requests_per_second=rps, queue_growth_per_second=growth, ttft=_hist(TTFT_BOUNDS, ttft, n),
+             counterfactual: float | None = None, k: int = 4, end: float = 15.0, seconds: float = 15.0,
+             finished: float | None = None, running_growth: float | None = None) -> Window:
+        n = rps * seconds
+        return Window(start=end - seconds, end=end, pods_expected=pods,
+                      pods_scraped=pods if scraped is None else scraped, requests_per_second=rps,
+                      finished_per_second=finished, queue_growth_per_second=growth,
+                      running_growth_per_second=running_growth, ttft=_hist(TTFT_BOUNDS, ttft, n),
                       itl=_hist(ITL_BOUNDS, itl, n * 100), batch_size_mean=batch, running=batch * pods,
                       queue_depth=queue, kv_cache_usage=0.3, generation_tokens_per_second=rps * 300,
                       acceptance_rate=acceptance, counterfactual_acceptance_rate=counterfactual,

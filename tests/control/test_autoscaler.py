@@ -107,16 +107,19 @@ def test_the_service_model_uses_the_engine_limits_that_extra_args_override():
 
 def test_a_rising_load_with_a_growing_queue_takes_a_larger_step(model, make_window):
     """Two windows of rising arrivals with the SLO missed: the step provisions for the load one start-up
-    delay ahead plus the backlog built meanwhile, beyond the load-based need of the window alone."""
+    delay ahead plus the backlog built meanwhile, beyond the load-based need of the window alone; sized
+    at the full SLO batch (the default) it is smaller than at the steady 70%, never below that need."""
     cap = per_replica(model)
     steady = [make_window(rps=2 * cap, pods=3, end=15.0 * (i + 1)) for i in range(4)]
     rise1 = make_window(rps=2.6 * cap, queue=0, pods=3, end=75.0)
     rise2 = make_window(rps=3.0 * cap, queue=60, growth=4, pods=3, ttft=2.5, end=90.0)
-    decisions = run(model, steady + [rise1, rise2], 3)
+    decisions = run(model, steady + [rise1, rise2], 3, policy=replace(POLICY, surge_utilization=0.7))
     assert [d.desired for d in decisions[:4]] == [3, 3, 3, 3]
     last = decisions[-1]
     window_need = a._replicas(a._demand(rise2, POLICY, 3 * cap + 4), cap, POLICY)
     assert last.desired > window_need + 1 and last.reason in ("SLOViolation", "QueueGrowing")
+    at_full = run(model, steady + [rise1, rise2], 3)[-1]
+    assert window_need <= at_full.desired < last.desired
 
 
 def test_a_one_interval_blip_does_not_ratchet_up(model, make_window):
@@ -155,3 +158,54 @@ def test_scale_down_after_a_predictive_step_waits_the_cooldown(model, make_windo
     first = next(i for i, d in enumerate(decisions) if d.changed)
     assert 15 + first * 15 >= max(POLICY.down_cooldown_s, 300)   # the window (300 s of history) still rules
     assert decisions[first].reason == "LoadDecrease"
+
+
+def test_arrivals_come_from_conservation_when_the_end_to_end_count_is_known(model, make_window):
+    """Ended + growth of running and waiting: admitted prompts still waiting for prefill count, and
+    first tokens of a backlog being drained do not."""
+    w = make_window(rps=50, finished=30, growth=2, running_growth=3, end=30.0)
+    assert a._arrivals(w) == 35
+
+
+def _settled(model, make_window, current, rps):
+    """The state after four steady windows (ending at 60 s) at `rps`."""
+    windows = [make_window(rps=rps, finished=rps, running_growth=0.0, pods=current, end=15.0 * (i + 1))
+               for i in range(4)]
+    state = a.AutoscalerState()
+    for i, w in enumerate(windows):
+        _, state = a.decide(w, model, current, POLICY, state, 15.0 * (i + 1))
+    return state
+
+
+def test_a_surge_in_a_short_window_scales_up_before_the_next_interval(model, make_window):
+    rps = 2 * per_replica(model)
+    state = _settled(model, make_window, 3, rps)
+    surge = make_window(rps=rps, finished=rps, running_growth=40.0, pods=3, seconds=5.0, end=65.0)
+    d, after = a.detect(surge, model, 3, POLICY, state, 65.0)
+    assert d.reason == "LoadSurge" and d.desired > 3 and after.last_up == 65.0
+    assert (after.history, after.noise, after.last_rps) == (state.history, state.noise, state.last_rps)
+
+
+def test_counting_noise_in_a_short_window_is_not_a_surge(model, make_window):
+    rps = 2 * per_replica(model)
+    state = _settled(model, make_window, 3, rps)
+    noisy = make_window(rps=rps, finished=rps + 5, running_growth=0.0, pods=3, seconds=5.0, end=65.0)
+    d, after = a.detect(noisy, model, 3, POLICY, state, 65.0)
+    assert not d.changed and after == state
+
+
+def test_detection_never_scales_down(model, make_window):
+    """A surge the fleet already covers leaves it as it is (scale-downs are the interval's)."""
+    rps = 2 * per_replica(model)
+    state = _settled(model, make_window, 12, rps)
+    surge = make_window(rps=rps, finished=rps, running_growth=40.0, pods=12, seconds=5.0, end=65.0)
+    d, _ = a.detect(surge, model, 12, POLICY, state, 65.0)
+    assert d.desired == 12
+
+
+def test_detection_needs_a_count_of_ended_requests(model, make_window):
+    """Without requests ended there is no conservation estimate for a short window: no surge."""
+    rps = 2 * per_replica(model)
+    state = _settled(model, make_window, 3, rps)
+    blind = make_window(rps=4 * rps, pods=3, seconds=5.0, end=65.0)
+    assert a.detect(blind, model, 3, POLICY, state, 65.0)[0].desired == 3

@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from specfleet.operator.simulator import run, scenarios
+from specfleet.operator.simulator import fleet as F, run, scenarios
 
 BIN = Path(sys.executable).parent
 KEYS = {"slo_attainment", "goodput", "gpu_hours", "scaling_actions", "speculation_switches"}
@@ -25,6 +26,74 @@ def test_a_flash_crowd_is_met_with_a_scale_up_within_one_interval():
     r = run.simulate(sc, "specfleet")
     burst = [p for p in r["series"] if 900 < p["t"] <= 930]
     assert burst[0]["replicas"] > r["series"][55]["replicas"]          # first interval after the crowd
+
+
+def test_surge_detection_scales_up_before_the_first_interval_of_a_flash_crowd():
+    r = run.simulate(scenarios.adjusted(scenarios.bursty(), duration=930), "specfleet")
+    before = next(p for p in r["series"] if p["t"] == 900.0)["replicas"]
+    first = next(p for p in r["series"] if p["t"] > 900 and p["replicas"] > before)
+    assert first["t"] < 915 and first["scale_reason"] == "LoadSurge"
+
+
+def test_deadline_order_keeps_a_share_of_an_overload_in_time_where_fifo_keeps_almost_none():
+    sc = scenarios.adjusted(scenarios.steady(), duration=120, load=1.5)      # ~1.6x what 2 replicas carry
+    fifo, deadline = (run.simulate(sc, "specfleet", fixed_replicas=2, queue_policy=q) for q in ("fifo", "deadline"))
+    assert (fifo["queue_policy"], deadline["queue_policy"]) == ("fifo", "deadline")
+    assert fifo["slo_attainment"] < 0.1 and deadline["slo_attainment"] > 0.45
+
+
+def test_ours_run_on_deadline_engines_and_the_peers_on_fifo_ones():
+    assert run.queue_policy_of("specfleet") == run.queue_policy_of("spec-always-on") == "deadline"
+    assert {run.queue_policy_of(p) for p in ("static-peak", "inflight-target", "saturation")} == {"fifo"}
+
+
+def _fleet(pods: int, queue_policy: str = "fifo") -> F.Fleet:
+    spec, plan, model, truth = run.setup(scenarios.steady())
+    fleet = F.Fleet(model, truth, spec.slo.prompt_tokens, 30.0, plan.gpus_per_replica,
+                    plan.kv_cache_blocks * plan.block_size, np.random.default_rng(0), queue_policy)
+    fleet.add_pods(pods, 0.0, 0, ready_now=True)
+    return fleet
+
+
+def _hold(fleet: F.Fleet, decoding: int, waiting: int) -> None:
+    """Pod 0 holds `decoding` sequences past prefill and `waiting` prompts not started."""
+    n = decoding + waiting
+    prompt = float(fleet.prompt)
+    fleet.req = {"rep": np.zeros(n), "start": np.zeros(n), "arrival": np.zeros(n),
+                 "pleft": np.r_[np.zeros(decoding), np.full(waiting, prompt)], "oleft": np.full(n, 300.0),
+                 "first": np.r_[np.zeros(decoding), np.full(waiting, np.nan)], "worst": np.zeros(n),
+                 "olen": np.full(n, 300.0)}
+
+
+def test_prompts_waiting_for_prefill_do_not_slow_the_running_sequences():
+    few, many = _fleet(1), _fleet(1)
+    _hold(few, 10, 1)
+    _hold(many, 10, 200)
+    for fleet in (few, many):
+        fleet._advance(0.0, 0.5, 0.6)
+    assert np.allclose(few.req["oleft"][:10], many.req["oleft"][:10])
+    assert many.req["oleft"][0] < 300
+
+
+def test_the_gateway_deals_requests_round_robin():
+    fleet = _fleet(2)
+    fleet.queue_arrival, fleet.queue_out = np.array([0.1, 0.2, 0.3, 0.4]), np.full(4, 300.0)
+    fleet._admit(0.5)
+    assert fleet.req["rep"].tolist() == [0, 1, 0, 1] and fleet.req["arrival"].tolist() == [0.1, 0.2, 0.3, 0.4]
+
+
+def test_late_prompts_step_aside_for_those_that_can_still_make_their_deadline():
+    # 10 prompts/s: by 0.05 s none fits, by 0.15 one, by 0.25 two, by 0.3 three, by 0.31 still three
+    late = F._late(np.array([0.05, 0.15, 0.25, 0.3, 0.31]), 0.0, 0.0, 10_000.0, 1000.0)
+    assert late.tolist() == [True, False, False, False, True]
+    assert F._late(np.array([0.15, 0.25]), 0.0, 1000.0, 10_000.0, 1000.0).tolist() == [True, False]
+
+
+def test_requests_left_waiting_at_the_end_count_as_misses():
+    fleet = _fleet(1, "deadline")
+    _hold(fleet, 0, 3)
+    fleet.queue_arrival, fleet.queue_out = np.array([0.5, 9.5]), np.full(2, 300.0)
+    assert fleet.unfinished_late(10.0) == 4          # 3 at the pod and 1 queued waited > 1 s; 1 is fresh
 
 
 def test_acceptance_drift_turns_speculation_off():

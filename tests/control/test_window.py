@@ -90,3 +90,25 @@ def test_prometheus_vectors_become_the_same_scrapes():
     s = scrapes_from_vector(vector)["p"]
     assert s.counters["vllm:generation_tokens"] == 42 and s.gauges["vllm:num_requests_waiting"] == 3
     assert s.histograms["vllm:time_to_first_token_seconds"].count == 7 and s.time == 5.0
+
+
+def _ended(t: float, stopped: int, aborted: int, running: int, success: bool = True) -> Scrape:
+    text = (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="m"}} {running}\n'
+            f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="m"}} 0\n'
+            '# TYPE vllm:e2e_request_latency_seconds histogram\n'
+            f'vllm:e2e_request_latency_seconds_bucket{{le="+Inf",model_name="m"}} {stopped}\n'
+            f'vllm:e2e_request_latency_seconds_sum{{model_name="m"}} {stopped * 4.0}\n'
+            f'vllm:e2e_request_latency_seconds_count{{model_name="m"}} {stopped}\n')
+    if success:
+        text += ('# TYPE vllm:request_success counter\n'
+                 f'vllm:request_success_total{{finished_reason="stop",model_name="m"}} {stopped}\n'
+                 f'vllm:request_success_total{{finished_reason="abort",model_name="m"}} {aborted}\n')
+    return parse_exposition(text, t)
+
+
+def test_ended_requests_count_every_finish_reason_and_running_growth_comes_from_the_gauge():
+    w = build_window({"a": _ended(0, 10, 0, 8)}, {"a": _ended(5, 50, 10, 18)}, 1)
+    assert w.finished_per_second == pytest.approx(10.0) and w.running_growth_per_second == pytest.approx(2.0)
+    latency_only = build_window({"a": _ended(0, 10, 0, 8, False)}, {"a": _ended(5, 50, 10, 18, False)}, 1)
+    assert latency_only.finished_per_second == pytest.approx(8.0)      # aborted requests are not in it
+    assert build_window({"a": scrape(0)}, {"a": scrape(5)}, 1).finished_per_second is None

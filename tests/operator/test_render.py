@@ -32,6 +32,7 @@ def test_specfleet_args_are_exactly_the_engine_contract(make_spec, gpus, models)
     assert flags == {"--model": "/models/model", "--served-model-name": "m", "--port": "8000", "--block-size": "16",
                      "--num-kv-blocks": str(plan.kv_cache_blocks), "--max-num-seqs": str(plan.max_num_seqs),
                      "--max-num-batched-tokens": str(plan.max_num_batched_tokens), "--enable-prefix-caching": None,
+                     "--ttft-deadline-ms": "1000",     # beyond DESIGN §3: the SLO's TTFT for deadline admission
                      "--speculative-method": "ngram", "--num-speculative-tokens": str(plan.speculation.k),
                      "--speculation-enabled": "true", "--admin-token-file": render.ADMIN_TOKEN_FILE}
 

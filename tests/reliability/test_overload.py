@@ -13,7 +13,8 @@ import time
 import pytest
 
 DURATION_S = float(os.environ.get("RELIABILITY_OVERLOAD_S", "15"))
-MAX_NUM_SEQS, MAX_WAITING = 4, 4
+MAX_NUM_SEQS = 4
+MAX_WAITING = int(os.environ.get("RELIABILITY_MAX_WAITING", "4"))
 BODY = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
 HANG_S = 30.0
 LATENCY_FACTOR = 2.0 if os.environ.get("RELIABILITY_STRICT_LATENCY") == "1" else 10.0

@@ -1,0 +1,58 @@
+"""Surge detection between control intervals in the operator's loop (control/loop.py), without I/O."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specfleet.operator.control import loop, speculation
+
+
+def _settled(service, make_window, current: int, rps: float) -> loop.ServiceLoop:
+    """A service loop after four steady intervals (ending at 60 s) with `current` replicas."""
+    spec, plan, model = service
+    st = loop.ServiceLoop(1, model, speculation=speculation.SpeculationState(True, 4))
+    for i in range(4):
+        w = make_window(rps=rps, finished=rps, running_growth=0.0, pods=current, end=15.0 * (i + 1))
+        loop.decide_step(w, spec, plan, st, current, current, 15.0 * (i + 1), "t")
+    return st
+
+
+def test_a_surge_scales_up_between_intervals_and_says_why(service, make_window, monkeypatch):
+    monkeypatch.delenv("SPECFLEET_DETECT_INTERVAL", raising=False)
+    monkeypatch.delenv("SPECFLEET_CONTROL_INTERVAL", raising=False)
+    spec, _, model = service
+    rps = 2 * model.replica_rps(0.7)
+    st = _settled(service, make_window, 3, rps)
+    surge = make_window(rps=rps, finished=rps, running_growth=40.0, pods=3, seconds=5.0, end=65.0)
+    step = loop.detect_step(surge, spec, st, 3, 3, 65.0, "t65")
+    assert step is not None and step.scale.reason == "LoadSurge" and step.scale.desired > 3
+    assert step.decisions == [{"time": "t65", "kind": "scale", "from": "3", "to": str(step.scale.desired),
+                               "reason": "LoadSurge"}]
+    assert step.events[0][1] == "ScaleUp" and st.autoscaler.last_up == 65.0
+    assert step.conditions == [] and step.spec is None          # status and speculation stay with the interval
+
+
+def test_no_surge_no_step(service, make_window):
+    spec, _, model = service
+    rps = 2 * model.replica_rps(0.7)
+    st = _settled(service, make_window, 3, rps)
+    calm = make_window(rps=rps, finished=rps, running_growth=0.0, pods=3, seconds=5.0, end=65.0)
+    assert loop.detect_step(calm, spec, st, 3, 3, 65.0, "t") is None
+
+
+def test_a_fixed_replica_count_turns_detection_off(service, make_window):
+    spec, _, model = service
+    rps = 2 * model.replica_rps(0.7)
+    st = _settled(service, make_window, 3, rps)
+    surge = make_window(rps=rps, finished=rps, running_growth=40.0, pods=3, seconds=5.0, end=65.0)
+    assert loop.detect_step(surge, replace(spec, replicas=3), st, 3, 3, 65.0, "t") is None
+
+
+def test_detection_runs_only_more_often_than_the_interval(monkeypatch):
+    monkeypatch.delenv("SPECFLEET_DETECT_INTERVAL", raising=False)
+    monkeypatch.delenv("SPECFLEET_CONTROL_INTERVAL", raising=False)
+    assert loop.detect_interval_s() == 5.0
+    monkeypatch.setenv("SPECFLEET_CONTROL_INTERVAL", "1")            # as the e2e tests run the operator
+    assert loop.detect_interval_s() == 0.0
+    monkeypatch.setenv("SPECFLEET_CONTROL_INTERVAL", "15")
+    monkeypatch.setenv("SPECFLEET_DETECT_INTERVAL", "0")
+    assert loop.detect_interval_s() == 0.0

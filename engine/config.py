@@ -32,7 +32,7 @@ class EngineConfig:
         default_factory=lambda: os.environ.get("SPECFLEET_ATTENTION_BACKEND", "auto"))
     seed: int = 0
     free_block_watermark: float = 0.01        # share of blocks admission keeps free for running decodes
-    max_waiting_requests: int = 1024
+    max_waiting_requests: int = 1024          # queued beyond the free running slots; past it: 429
     # Deadline order for waiting prompts (arrival + this TTFT target): those that can still make it
     # first, late ones after them; None keeps arrival order. The operator passes the service's TTFT SLO.
     ttft_deadline_ms: float | None = None
@@ -52,6 +52,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise ValueError(f"attention_backend must be auto, torch, cpu or triton, got {self.attention_backend!r}")
+        if self.max_waiting_requests < 0:
+            raise ValueError(f"max_waiting_requests must be >= 0, got {self.max_waiting_requests}")
         if self.ttft_deadline_ms is not None and self.ttft_deadline_ms <= 0:
             raise ValueError(f"ttft_deadline_ms must be > 0, got {self.ttft_deadline_ms}")
         if self.speculative_method not in (None, "ngram", "draft"):

@@ -143,7 +143,8 @@ class LLMEngine:
         params = params or SamplingParams()
         prompt_ids = self.encode(prompt)
         self.validate(prompt_ids, request_id)
-        if self.num_waiting >= self.config.max_waiting_requests:
+        free_slots = max(0, self.config.max_num_seqs - self.num_running)
+        if self.num_waiting >= self.config.max_waiting_requests + free_slots:
             raise EngineOverloaded(f"{self.num_waiting} requests are already waiting")
         seq = Sequence(request_id, prompt_ids, len(prompt_ids), params, arrival_time or time.monotonic(),
                        prompt=prompt if isinstance(prompt, str) else None)

@@ -48,10 +48,22 @@ class AdmissionGate:
                                      "retry later", "rate_limit_error", "rate_limit_exceeded",
                                      [(b"retry-after", b"1")])
         self.in_flight += 1
+        done = False
+
+        async def send_and_release(message) -> None:
+            # A request stops counting when its last byte is handed over, not when the app returns: a
+            # client that sends its next request at once must not find its previous one still counted.
+            nonlocal done
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body") and not done:
+                done = True
+                self.in_flight -= 1
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_and_release)
         finally:
-            self.in_flight -= 1
+            if not done:
+                self.in_flight -= 1
 
 
 class BodyLimit:

@@ -98,3 +98,20 @@ def test_generation_stops_at_the_model_context(tiny_model_factory):
     llm = LLM(tiny_model_factory("llama", max_position_embeddings=64), num_kv_blocks=32)
     out = llm.generate([list(range(3, 60))], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 64 - 57
+
+
+def test_waiting_bound_counts_only_requests_beyond_the_free_running_slots(tiny_llama):
+    from specfleet.engine.engine import EngineOverloaded
+
+    engine = LLM(tiny_llama, num_kv_blocks=32, max_num_seqs=2, max_waiting_requests=1).engine
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    for i in range(3):                                   # two free slots plus one queued
+        engine.add_request(f"r{i}", [5, 6, 7], params)
+    with pytest.raises(EngineOverloaded):
+        engine.add_request("r3", [5, 6, 7], params)
+    engine.step()                                        # two run; one still waits, the queue is full
+    with pytest.raises(EngineOverloaded):
+        engine.add_request("r3", [5, 6, 7], params)
+    while engine.has_unfinished():
+        engine.step()
+    engine.add_request("r4", [5, 6, 7], params)          # drained: admitted again

@@ -1,6 +1,7 @@
 """Overload: an open-loop load at 10x the engine's capacity against `specfleet engine serve` (a process).
 
-The waiting queue is bounded (`--max-waiting-requests`), so the excess gets 429 with Retry-After at once;
+The waiting queue is bounded (`--max-waiting-requests 0`: nothing beyond the free batch slots), so the
+excess gets 429 with Retry-After at once;
 the admitted requests keep a p99 latency within 2x of the unloaded p99; nothing gets a 5xx, no connection
 hangs, and the server's RSS is flat afterwards. CI runs 15 s; RELIABILITY_OVERLOAD_S=60 is the full run.
 """
@@ -14,10 +15,13 @@ import pytest
 
 DURATION_S = float(os.environ.get("RELIABILITY_OVERLOAD_S", "15"))
 MAX_NUM_SEQS = 4
-MAX_WAITING = int(os.environ.get("RELIABILITY_MAX_WAITING", "4"))
+# No queue beyond the free batch slots: an admitted request starts at the next step, so its latency is
+# the unloaded one; a queue of even one request behind a synchronized full batch waits up to a whole
+# service time (measured: p99 2.1-2.3x unloaded with 1, 2.6x with 4; docs/reliability.md).
+MAX_WAITING = int(os.environ.get("RELIABILITY_MAX_WAITING", "0"))
 BODY = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
 HANG_S = 30.0
-LATENCY_FACTOR = 2.0 if os.environ.get("RELIABILITY_STRICT_LATENCY") == "1" else 10.0
+LATENCY_FACTOR = float(os.environ.get("RELIABILITY_LATENCY_FACTOR", "2.0"))
 
 pytestmark = pytest.mark.slow
 
@@ -112,8 +116,6 @@ def test_ten_times_capacity_gets_429s_and_admitted_requests_keep_their_latency(e
     assert admitted + refused == results["sent"], summary                     # every request answered
     assert refused > 0 and results["retry_after"] == refused, summary         # 429 with Retry-After
     assert admitted >= 0.3 * capacity * DURATION_S, summary                   # the engine kept working
-    # 2x holds where the load generator does not share the engine's cores (RELIABILITY_STRICT_LATENCY=1);
-    # on a 2-core CI box the client and 10x of refused requests take CPU from the engine's steps.
     assert p99(results["latency"]) <= LATENCY_FACTOR * p99(unloaded), summary
     assert "vllm:num_requests_running{" in metrics
     assert _gauge(metrics, "vllm:num_requests_running") == 0 and _gauge(metrics, "vllm:num_requests_waiting") == 0

@@ -3,11 +3,17 @@ load levels on a fixed fleet, a pod start-up sensitivity run of the bursty scena
 declared minReplicas floor (burst headroom), and every scaling policy on the other engine queue order.
 
     .venv/bin/python benchmarks/control.py [--seed 0] [--out benchmarks/results/control.json]
+    .venv/bin/python benchmarks/control.py --only matched-cost   # just the matched-cost sweep (~7 min),
+                                                                # merged into the existing JSON
 
 Prints rich tables and writes JSON (summaries only, no time series). Targets (issue 8): on bursty and
 diurnal, specfleet >= 99% SLO attainment with >= 30% fewer GPU-hours than static-peak, and higher
 attainment than each peer-style baseline at equal or lower GPU-hours; adaptive speculation within 3% of
 the better of always-on / always-off at every load level.
+
+Matched cost: the peer baselines' GPU-hours depend on their target setting, so each is also swept along
+its knob (inflight-target's targetRequests as a fraction of maxNumSeqs; saturation's queue target with
+the KV target at 1.0) and its attainment is interpolated at specfleet's GPU-hours.
 """
 from __future__ import annotations
 
@@ -28,6 +34,16 @@ SWEEP_SECONDS = 1200
 STARTUPS = (10.0, 60.0)
 FLOORS = {"bursty": (4, 5, 6, 7), "diurnal": (5, 6)}     # declared minReplicas (the scenarios declare 1)
 SCALERS = ("specfleet", "static-peak", "inflight-target", "saturation")
+# Matched cost: each peer's knob path, ordered from the most to the fewest replicas (roughly); the
+# defaults (0.7 x maxNumSeqs; KV 0.8 / 5 waiting per pod) are on the paths.
+MATCHED_SCENARIOS = ("bursty", "diurnal")
+MATCHED_KNOBS = {
+    "inflight-target": [{"target_fraction": f} for f in (0.05, 0.1, 0.15, 0.2, 0.22, 0.25, 0.3, 0.35, 0.4, 0.5,
+                                                         0.7)],
+    "saturation": [{"kv_target": 0.8, "queue_target": 5.0}] +
+                  [{"kv_target": 1.0, "queue_target": q} for q in (100.0, 200.0, 400.0, 1000.0)],
+}
+SECTIONS = ("all", "matched-cost")
 
 
 def summary(result: dict) -> dict:
@@ -39,8 +55,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--scenarios", nargs="*", default=list(scenarios.SCENARIOS))
+    ap.add_argument("--only", choices=SECTIONS, default="all",
+                    help="matched-cost: run only that sweep and merge it into the existing --out JSON")
     args = ap.parse_args()
     console, started = Console(width=160), time.time()
+    if args.only == "matched-cost":
+        return matched_cost_only(args, console, started)
     grid = [summary(run.simulate(scenarios.get(s), p, seed=args.seed))
             for s in args.scenarios for p in policies.POLICIES]
     sweep = [summary(run.simulate(scenarios.adjusted(scenarios.steady(), duration=SWEEP_SECONDS, load=load),
@@ -53,20 +73,100 @@ def main() -> None:
     other = {"fifo": "deadline", "deadline": "fifo"}
     engines = [summary(run.simulate(scenarios.bursty(), p, seed=args.seed, queue_policy=other[run.queue_policy_of(p)]))
                for p in SCALERS]
-    checks = {**targets(grid, sweep), **floor_targets(grid, floors)}
+    matched = matched_cost(grid, args.seed)
+    checks = {**targets(grid, sweep), **floor_targets(grid, floors), **matched_targets(matched)}
     result = {"seed": args.seed, "seconds": round(time.time() - started, 1), "grid": grid,
               "speculation_sweep": sweep, "startup_sensitivity": startup, "min_replicas_floor": floors,
-              "other_queue_policy": engines, "targets": checks, "startup_s": STARTUPS}
+              "other_queue_policy": engines, "matched_cost": matched, "targets": checks, "startup_s": STARTUPS}
     console.print(table("scenario x policy", grid, ("scenario", "policy")))
     console.print(table(f"speculation on a fixed {SWEEP_REPLICAS}-replica fleet", sweep, ("scenario", "policy")))
     console.print(table("bursty, pod start-up sensitivity", startup, ("startup_s", "policy")))
     console.print(table("specfleet with a declared minReplicas floor", floors, ("scenario", "min_replicas")))
     console.print(table("bursty, each scaler on the other engine queue order", engines, ("policy", "queue_policy")))
+    print_matched(console, matched)
     for name, ok in checks.items():
         console.print(f"{'[green]PASS' if ok['pass'] else '[red]MISS'}[/] {name}: {ok['detail']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=float))
     console.print(f"wrote {args.out} in {result['seconds']} s")
+
+
+def matched_cost_only(args, console: Console, started: float) -> None:
+    """The matched-cost sweep alone, merged into the JSON at --out (its other keys are kept; specfleet's
+    rows come from its grid, or are simulated when it has none)."""
+    result = json.loads(args.out.read_text()) if args.out.exists() else {"seed": args.seed}
+    if result.get("seed", args.seed) != args.seed:
+        raise SystemExit(f"{args.out} holds seed {result['seed']}, not {args.seed}; give another --out")
+    matched = matched_cost(result.get("grid", []), args.seed)
+    matched["seconds"] = round(time.time() - started, 1)
+    result["matched_cost"] = matched
+    result["targets"] = {**result.get("targets", {}), **matched_targets(matched)}
+    print_matched(console, matched)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=float))
+    console.print(f"wrote matched_cost into {args.out} in {matched['seconds']} s")
+
+
+def matched_cost(grid: list[dict], seed: int) -> dict:
+    """Each peer along its knob path on bursty and diurnal; its attainment at specfleet's GPU-hours."""
+    ours = {r["scenario"]: r for r in grid if r["policy"] == "specfleet" and r.get("seed", seed) == seed}
+    runs, comparison = [], []
+    for s in MATCHED_SCENARIOS:
+        ref = ours.get(s) or summary(run.simulate(scenarios.get(s), "specfleet", seed=seed))
+        for peer, path in MATCHED_KNOBS.items():
+            rows = [summary(run.simulate(scenarios.get(s), peer, seed=seed, knobs=k)) for k in path]
+            runs += rows
+            comparison.append(compare_at_cost(ref, rows))
+    return {"seed": seed, "knob_paths": MATCHED_KNOBS, "runs": runs, "comparison": comparison}
+
+
+def compare_at_cost(ours: dict, rows: list[dict]) -> dict:
+    """The peer's attainment at our GPU-hours: linear in GPU-hours between consecutive settings of its
+    knob path whose GPU-hours straddle ours (the best such crossing when there are several), and the best
+    attainment of any setting at equal or lower GPU-hours."""
+    cost, crossings = ours["gpu_hours"], []
+    for a, b in zip(rows, rows[1:]):
+        lo, hi = sorted((a, b), key=lambda r: r["gpu_hours"])
+        if lo["gpu_hours"] <= cost <= hi["gpu_hours"]:
+            span = hi["gpu_hours"] - lo["gpu_hours"]
+            w = (cost - lo["gpu_hours"]) / span if span else 0.0
+            att = lo["slo_attainment"] + w * (hi["slo_attainment"] - lo["slo_attainment"])
+            crossings.append({"between": [a["knobs"], b["knobs"]], "attainment": round(att, 5)})
+    cheaper = [r for r in rows if r["gpu_hours"] <= cost]
+    best = max(cheaper, key=lambda r: r["slo_attainment"], default=None)
+    at_cost = max(crossings, key=lambda c: c["attainment"], default=None)
+    return {"scenario": ours["scenario"], "peer": rows[0]["policy"], "ours_attainment": ours["slo_attainment"],
+            "ours_gpu_hours": cost, "ours_requests": ours["requests"],
+            "peer_at_our_gpu_hours": at_cost,
+            "peer_best_at_or_below": None if best is None else
+            {"knobs": best["knobs"], "attainment": best["slo_attainment"], "gpu_hours": best["gpu_hours"]}}
+
+
+def matched_targets(matched: dict) -> dict:
+    """Higher attainment than the peer interpolated at our GPU-hours and than any of its settings at equal
+    or lower GPU-hours."""
+    out = {}
+    for c in matched["comparison"]:
+        rivals = [x["attainment"] for x in (c["peer_at_our_gpu_hours"], c["peer_best_at_or_below"]) if x]
+        if not rivals:
+            continue
+        out[f"{c['scenario']}: beats a tuned {c['peer']} at matched GPU-hours"] = {
+            "pass": c["ours_attainment"] > max(rivals),
+            "detail": f"attainment {c['ours_attainment']} at {c['ours_gpu_hours']} GPU-h vs "
+                      f"{c['peer_at_our_gpu_hours'] and c['peer_at_our_gpu_hours']['attainment']} interpolated, "
+                      f"best at <= our GPU-h {c['peer_best_at_or_below']}"}
+    return out
+
+
+def print_matched(console: Console, matched: dict) -> None:
+    console.print(table("matched cost: the peers along their knob paths", matched["runs"], ("scenario", "policy",
+                                                                                           "knobs")))
+    for c in matched["comparison"]:
+        console.print(f"{c['scenario']} {c['peer']}: ours {c['ours_attainment']} at {c['ours_gpu_hours']} GPU-h; "
+                      f"peer at our GPU-h {c['peer_at_our_gpu_hours']}; best at <= {c['peer_best_at_or_below']}", markup=False)
+    for name, ok in matched_targets(matched).items():
+        console.print(f"{'[green]PASS' if ok['pass'] else '[red]MISS'}[/] {name}: ", end="")
+        console.print(ok["detail"], markup=False)
 
 
 def floor_targets(grid: list[dict], floors: list[dict]) -> dict:
@@ -90,8 +190,12 @@ def table(title: str, rows: list[dict], keys: tuple[str, ...]) -> Table:
     for c in keys + cols:
         t.add_column(c, justify="left" if c in keys else "right")
     for r in rows:
-        t.add_row(*[str(r.get(c)) for c in keys + cols])
+        t.add_row(*[cell(r.get(c)) for c in keys + cols])
     return t
+
+
+def cell(value) -> str:
+    return " ".join(f"{k}={v:g}" for k, v in value.items()) if isinstance(value, dict) else str(value)
 
 
 def targets(grid: list[dict], sweep: list[dict]) -> dict:

@@ -124,6 +124,10 @@ def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s"
                  queue_policy: Optional[str] = typer.Option(None, "--queue-policy",
                                                             help="Engine queue order, fifo | deadline "
                                                                  "(default: deadline for ours, fifo for peers)."),
+                 knob: Optional[list[str]] = typer.Option(None, "--knob",
+                                                          help="KEY=VALUE, a peer baseline's setting (repeatable): "
+                                                               "inflight-target target_fraction (of maxNumSeqs, "
+                                                               "default 0.7); saturation kv_target, queue_target."),
                  json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result (with the series)."),
                  plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of replicas, load, latency "
                                                                           "(needs matplotlib).")) -> None:
@@ -137,7 +141,9 @@ def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s"
     try:
         sc = scenarios.get(scenario) if scenario else scenarios.from_trace(trace)
         sc = scenarios.adjusted(sc, duration=duration, load=load, startup_s=startup, min_replicas=min_replicas)
-        result = run.simulate(sc, policy, seed=seed, fixed_replicas=replicas, queue_policy=queue_policy)
+        knobs = _knobs(knob or [])
+        result = run.simulate(sc, policy, seed=seed, fixed_replicas=replicas, queue_policy=queue_policy,
+                              knobs=knobs or None)
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc.args[0] if exc.args else exc)) from exc
     report.print_summary(result)
@@ -146,6 +152,19 @@ def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s"
         json_out.write_text(json.dumps(result, indent=1, default=float))
     if plot:
         report.plot(result, plot)
+
+
+def _knobs(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise ValueError(f"--knob takes KEY=NUMBER, got {pair!r}")
+    return out
 
 
 def register_top_level(root: typer.Typer) -> None:

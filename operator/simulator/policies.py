@@ -51,11 +51,15 @@ class StaticScaler:
         return self.replicas, "Static"
 
 
+# KubeAI's targetRequests as a fraction of the engine's maxNumSeqs (the default baseline's setting).
+INFLIGHT_TARGET_FRACTION = 0.7
+
+
 @dataclass
 class InflightScaler:
     """KubeAI: desired = ceil(mean in-flight over the averaging window / targetRequests)."""
 
-    target: float
+    target: float                      # targetRequests: in-flight requests per replica
     min_replicas: int
     max_replicas: int
     average_s: float = 120.0
@@ -77,6 +81,14 @@ class InflightScaler:
             return desired, "InFlight"
         self.below_since = now if self.below_since is None else self.below_since
         return (desired, "InFlight") if now - self.below_since >= self.scale_down_delay_s else (current, "Delay")
+
+    @classmethod
+    def of_fraction(cls, max_num_seqs: int, min_replicas: int, max_replicas: int,
+                    target_fraction: float = INFLIGHT_TARGET_FRACTION, **kw) -> "InflightScaler":
+        """targetRequests = `target_fraction` x maxNumSeqs (lower -> more replicas for the same load)."""
+        if target_fraction <= 0:
+            raise ValueError(f"target_fraction must be > 0, got {target_fraction}")
+        return cls(target_fraction * max_num_seqs, min_replicas, max_replicas, **kw)
 
 
 @dataclass
@@ -146,6 +158,10 @@ class BatchTableSpeculation:
         self.enabled, self.k = k > 0, max(k, 1)
         return self.enabled, self.k, "Table"
 
+
+# The knobs `run.simulate(knobs=...)` may set on a peer baseline (the rest keep their defaults).
+KNOBS = {"inflight-target": ("target_fraction", "average_s", "scale_down_delay_s"),
+         "saturation": ("kv_target", "queue_target", "down_s")}
 
 SCALING = ("specfleet", "static-peak", "inflight-target", "saturation")
 SPECULATION = ("spec-always-on", "spec-always-off", "spec-batch-table")

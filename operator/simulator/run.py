@@ -32,9 +32,17 @@ def setup(scenario: Scenario):
     return spec, plan, model, truth
 
 
-def make_policies(name: str, scenario: Scenario, spec, model: ServiceModel, truth, fixed: int | None):
-    """(scaler, speculation controller) for a policy name."""
+def make_policies(name: str, scenario: Scenario, spec, model: ServiceModel, truth, fixed: int | None,
+                  knobs: dict | None = None):
+    """(scaler, speculation controller) for a policy name; `knobs` override a peer baseline's settings
+    (`policies.KNOBS`: inflight-target's `target_fraction` of maxNumSeqs, saturation's `kv_target` and
+    `queue_target`, ...)."""
     auto, sp = spec.autoscaling, spec.speculation
+    knobs = dict(knobs or {})
+    unknown = set(knobs) - set(P.KNOBS.get(name, ()))
+    if unknown:
+        raise ValueError(f"policy {name!r} has no knob {', '.join(sorted(unknown))}; "
+                         f"it takes {', '.join(P.KNOBS.get(name, ())) or 'none'}")
     ours_spec = P.SpecfleetSpeculation(speculation.SpeculationPolicy.from_spec(sp),
                                        speculation.SpeculationState(True, sp.max_speculative_tokens))
     true_model = replace(model, cal=truth, prior=truth)
@@ -48,9 +56,9 @@ def make_policies(name: str, scenario: Scenario, spec, model: ServiceModel, trut
     elif name == "static-peak":
         scaler = P.StaticScaler(min(max(peak, auto.min_replicas), auto.max_replicas))
     elif name == "inflight-target":
-        scaler = P.InflightScaler(0.7 * model.max_num_seqs, auto.min_replicas, auto.max_replicas)
+        scaler = P.InflightScaler.of_fraction(model.max_num_seqs, auto.min_replicas, auto.max_replicas, **knobs)
     elif name == "saturation":
-        scaler = P.SaturationScaler(auto.min_replicas, auto.max_replicas)
+        scaler = P.SaturationScaler(auto.min_replicas, auto.max_replicas, **knobs)
     else:
         raise KeyError(f"unknown policy {name!r}; one of {', '.join(P.POLICIES)}")
     spec_ctl = {"spec-always-on": P.FixedSpeculation(True, sp.max_speculative_tokens, "spec-always-on"),
@@ -66,10 +74,12 @@ def queue_policy_of(policy: str) -> str:
 
 
 def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int | None = None,
-             interval_s: float = INTERVAL_S, dt: float = DT, queue_policy: str | None = None) -> dict:
-    """Run `policy` on `scenario`; `queue_policy` (fifo | deadline) overrides the policy's engine."""
+             interval_s: float = INTERVAL_S, dt: float = DT, queue_policy: str | None = None,
+             knobs: dict | None = None) -> dict:
+    """Run `policy` on `scenario`; `queue_policy` (fifo | deadline) overrides the policy's engine;
+    `knobs` override a peer baseline's settings (see `make_policies`)."""
     spec, plan, model, truth = setup(scenario)
-    scaler, spec_ctl, peak = make_policies(policy, scenario, spec, model, truth, fixed_replicas)
+    scaler, spec_ctl, peak = make_policies(policy, scenario, spec, model, truth, fixed_replicas, knobs)
     rng = np.random.default_rng(seed)
     queue_policy = queue_policy or queue_policy_of(policy)
     fleet = Fleet(model, truth, spec.slo.prompt_tokens, scenario.startup_s, plan.gpus_per_replica,
@@ -114,7 +124,8 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
                                         *_speculating(window, k, enabled, scenario, t), _ready(fleet, t))
         actions += _scale(fleet, desired, t, k if enabled else 0)
         series.append(_point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason))
-    return _summary(scenario, policy, fleet, series, actions, switches, peak, model, seed)
+    out = _summary(scenario, policy, fleet, series, actions, switches, peak, model, seed)
+    return {**out, "knobs": dict(knobs)} if knobs else out
 
 
 def _speculating(window, k: int, enabled: bool, scenario: Scenario, t: float) -> tuple[float, int]:

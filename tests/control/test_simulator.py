@@ -47,6 +47,24 @@ def test_ours_run_on_deadline_engines_and_the_peers_on_fifo_ones():
     assert {run.queue_policy_of(p) for p in ("static-peak", "inflight-target", "saturation")} == {"fifo"}
 
 
+def test_a_lower_inflight_target_fraction_buys_more_replicas():
+    sc = scenarios.adjusted(scenarios.steady(), duration=300)
+    default = run.simulate(sc, "inflight-target")
+    runs = {f: run.simulate(sc, "inflight-target", knobs={"target_fraction": f}) for f in (0.1, 0.3, 0.7)}
+    assert "knobs" not in default and runs[0.7]["knobs"] == {"target_fraction": 0.7}
+    assert {k: v for k, v in runs[0.7].items() if k != "knobs"} == default          # 0.7 is the default
+    assert runs[0.1]["gpu_hours"] > runs[0.3]["gpu_hours"] > runs[0.7]["gpu_hours"]
+    assert runs[0.1]["series"][-1]["replicas"] > runs[0.3]["series"][-1]["replicas"] > default["series"][-1]["replicas"]
+
+
+def test_a_knob_the_policy_lacks_is_an_error():
+    sc = scenarios.adjusted(scenarios.steady(), duration=30)
+    with pytest.raises(ValueError, match="no knob"):
+        run.simulate(sc, "inflight-target", knobs={"kv_target": 1.0})
+    with pytest.raises(ValueError, match="no knob"):
+        run.simulate(sc, "specfleet", knobs={"target_fraction": 0.2})
+
+
 def _fleet(pods: int, queue_policy: str = "fifo") -> F.Fleet:
     spec, plan, model, truth = run.setup(scenarios.steady())
     fleet = F.Fleet(model, truth, spec.slo.prompt_tokens, 30.0, plan.gpus_per_replica,

@@ -8,7 +8,9 @@ where that is impossible the engine logs why and keeps the torch path.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import platform
 import sys
 import threading
 from pathlib import Path
@@ -45,11 +47,22 @@ def load_kernel():
 
 
 def kernel_build_dir() -> Path:
-    """Per torch and Python version under the specfleet cache, which local-fleet pods share (their HOME is
-    a per-pod /tmp), so the kernel is compiled once per machine, not once per pod."""
+    """Per torch version, Python version and CPU (the build is -march=native) under the specfleet cache,
+    which local-fleet pods share (their HOME is a per-pod /tmp): compiled once per machine, not per pod."""
     from specfleet.engine.builtin import cache_root
 
-    return cache_root() / "kernels" / f"cpu_attention-torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+    python = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    return cache_root() / "kernels" / f"cpu_attention-torch{torch.__version__}-{python}-{_cpu_tag()}"
+
+
+def _cpu_tag() -> str:
+    """A short fingerprint of the CPU model and its instruction-set flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = platform.processor()
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags", "Features"))][:2]
+    return hashlib.sha1("\n".join(lines or [platform.machine()]).encode()).hexdigest()[:10]
 
 
 def available() -> bool:

@@ -54,6 +54,28 @@ class AttentionMetadata:
     max_query_len: int
 
 
+def build_metadata(query_lens: list[int], context_lens: list[int], block_tables: list[list[int]], block_size: int,
+                   device: torch.device | str) -> AttentionMetadata:
+    """Metadata for a step laid out as the model runner does it: sequences ordered by query length, each
+    computing its last `query_lens[i]` of `context_lens[i]` tokens, whose slots its block table gives."""
+    width = max(len(t) for t in block_tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32, device=device)
+    ctx = torch.tensor(context_lens, dtype=torch.int32, device=device)
+    groups, start, i = [], 0, 0
+    while i < len(query_lens):
+        j = i
+        while j < len(query_lens) and query_lens[j] == query_lens[i]:
+            j += 1
+        groups.append(AttentionGroup(start, j - i, query_lens[i], ctx[i:j], table[i:j], max(context_lens[i:j])))
+        start += (j - i) * query_lens[i]
+        i = j
+    slots = [t[p // block_size] * block_size + p % block_size
+             for t, q, c in zip(block_tables, query_lens, context_lens) for p in range(c - q, c)]
+    starts = torch.tensor([0] + query_lens, dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
+    return AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), groups, starts, ctx, table,
+                             max(query_lens))
+
+
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store new K/V ([num_tokens, kv_heads, head_dim]) into their cache slots."""
@@ -79,6 +101,8 @@ class TorchPagedAttention:
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMetadata) -> torch.Tensor:
+        if len(meta.groups) == 1:                                  # all decodes, say: no scatter into `out`
+            return self._group(q, k_cache, v_cache, meta.groups[0]).contiguous()
         out = torch.empty_like(q)                                  # [num_tokens, q_heads, head_dim]
         for group in meta.groups:
             end = group.start + group.num_seqs * group.query_len

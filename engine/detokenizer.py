@@ -22,16 +22,19 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def update(self, state: DetokenizerState, output_ids: list[int], final: bool = False) -> str:
-        """The text of `output_ids` so far; `final` also flushes an incomplete trailing character."""
-        if state.read_offset >= len(output_ids):
+    def update(self, state: DetokenizerState, token_ids: list[int], start: int = 0, final: bool = False) -> str:
+        """The text of `token_ids[start:]` (the output, after the prompt) so far; `final` also flushes an
+        incomplete trailing character. Offsets count from `start`, so the output is never copied whole."""
+        end = len(token_ids) - start
+        if state.read_offset >= end:
             return state.text
         decode = self.tokenizer.decode
-        before = decode(output_ids[state.prefix_offset:state.read_offset], skip_special_tokens=True)
-        after = decode(output_ids[state.prefix_offset:], skip_special_tokens=True)
+        window = start + state.prefix_offset
+        before = decode(token_ids[window:start + state.read_offset], skip_special_tokens=True)
+        after = decode(token_ids[window:], skip_special_tokens=True)
         if len(after) > len(before) and (final or not after.endswith(REPLACEMENT)):
             state.text += after[len(before):]
-            state.prefix_offset, state.read_offset = state.read_offset, len(output_ids)
+            state.prefix_offset, state.read_offset = state.read_offset, end
         elif final:
-            state.read_offset = len(output_ids)
+            state.read_offset = end
         return state.text

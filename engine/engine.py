@@ -277,7 +277,8 @@ class LLMEngine:
                 return
 
     def _decode(self, seq: Sequence) -> str:
-        return self.detokenizer.update(seq.detok, seq.output_token_ids, final=seq.finish_reason is not None)
+        return self.detokenizer.update(seq.detok, seq.token_ids, seq.num_prompt_tokens,
+                                       final=seq.finish_reason is not None)
 
     def _output(self, seq: Sequence, new: list[int]) -> RequestOutput:
         return RequestOutput(seq.request_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],

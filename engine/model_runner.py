@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specfleet.engine.attention import AttentionGroup, AttentionMetadata
+from specfleet.engine.attention import AttentionMetadata, build_metadata
 from specfleet.engine.model.llama import LlamaForCausalLM
 from specfleet.engine.scheduler import SchedulerOutput
 from specfleet.engine.sequence import Sequence
@@ -58,7 +58,7 @@ class ModelRunner:
 
     def prepare(self, step: SchedulerOutput) -> StepInputs:
         order = sorted(range(len(step.seqs)), key=lambda i: step.num_new_tokens[i])
-        ids, positions, slots, logit_idx, rows = [], [], [], [], []
+        ids, positions, logit_idx, rows = [], [], [], []
         qlens, ctx_lens, tables = [], [], []
         for i in order:
             seq, n = step.seqs[i], step.num_new_tokens[i]
@@ -69,7 +69,6 @@ class ModelRunner:
             first = len(ids)
             ids += tokens
             positions += span
-            slots += [seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in span]
             qlens.append(n)
             ctx_lens.append(start + n)
             tables.append(seq.block_table)
@@ -77,23 +76,6 @@ class ModelRunner:
                 num_rows = 1 + len(seq.spec_token_ids)
                 rows.append(SampleRows(seq, len(logit_idx), num_rows))
                 logit_idx += range(first + n - num_rows, first + n)
-        meta = self._metadata(qlens, ctx_lens, tables, slots)
+        meta = build_metadata(qlens, ctx_lens, tables, self.block_size, self.device)
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
         return StepInputs(as_long(ids), as_long(positions), meta, as_long(logit_idx), rows)
-
-    def _metadata(self, qlens: list[int], ctx_lens: list[int], tables: list[list[int]],
-                  slots: list[int]) -> AttentionMetadata:
-        width = max(len(t) for t in tables)
-        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=self.device)
-        ctx = torch.tensor(ctx_lens, dtype=torch.int32, device=self.device)
-        groups, start, i = [], 0, 0
-        while i < len(qlens):
-            j = i
-            while j < len(qlens) and qlens[j] == qlens[i]:
-                j += 1
-            groups.append(AttentionGroup(start, j - i, qlens[i], ctx[i:j], table[i:j], max(ctx_lens[i:j])))
-            start += (j - i) * qlens[i]
-            i = j
-        starts = torch.tensor([0] + qlens, dtype=torch.int32, device=self.device).cumsum(0, dtype=torch.int32)
-        return AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=self.device), groups,
-                                 starts, ctx, table, max(qlens))

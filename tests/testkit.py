@@ -72,6 +72,24 @@ class LiveServer:
         wait_for(lambda: not self.state.engine.busy and self.state.in_flight == 0, timeout, 0.02)
 
 
+@contextlib.contextmanager
+def started(start, stop):
+    """A factory for fixtures: `make(...)` calls `start(...)` and keeps what it returns; on exit every one
+    of them goes to `stop`."""
+    items: list = []
+
+    def make(*args, **kwargs):
+        item = start(*args, **kwargs)
+        items.append(item)
+        return item
+
+    try:
+        yield make
+    finally:
+        for item in items:
+            stop(item)
+
+
 def start_server(model: str, admin_token: str | None = None, limits=None, **engine_args) -> LiveServer:
     import uvicorn
 
@@ -118,33 +136,19 @@ def specfleet_up(workdir: Path, cr: Path, env: dict | None = None):
 
 def build_step(query_lens: list[int], context_lens: list[int], block_size: int, num_blocks: int,
                device, seed: int = 0):
-    """Paged-attention metadata as the model runner lays it out: sequences ordered by query length, random block tables."""
+    """Paged-attention metadata as the model runner lays it out (sequences ordered by query length) over
+    random block tables; block 0 is left out, it doubles as table padding."""
     import torch
 
-    from specfleet.engine.attention import AttentionGroup, AttentionMetadata
+    from specfleet.engine.attention import build_metadata
 
     order = sorted(range(len(query_lens)), key=lambda i: query_lens[i])
     qlens = [query_lens[i] for i in order]
     ctx = [context_lens[i] for i in order]
-    gen = torch.Generator().manual_seed(seed)
-    free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()     # block 0 doubles as padding
+    free = (torch.randperm(num_blocks - 1, generator=torch.Generator().manual_seed(seed)) + 1).tolist()
     tables = []
     for c in ctx:
         n = -(-c // block_size)
         tables.append(free[:n])
         free = free[n:]
-    width = max(len(t) for t in tables)
-    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
-    ctx_t = torch.tensor(ctx, dtype=torch.int32, device=device)
-    groups, start, i = [], 0, 0
-    while i < len(qlens):
-        j = i
-        while j < len(qlens) and qlens[j] == qlens[i]:
-            j += 1
-        groups.append(AttentionGroup(start, j - i, qlens[i], ctx_t[i:j], table[i:j]))
-        start, i = start + (j - i) * qlens[i], j
-    starts = torch.tensor([0] + qlens, device=device).cumsum(0).to(torch.int32)
-    slots = [t[p // block_size] * block_size + p % block_size
-             for t, q, c in zip(tables, qlens, ctx) for p in range(c - q, c)]
-    return AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), groups, starts, ctx_t,
-                             table, max(qlens))
+    return build_metadata(qlens, ctx, tables, block_size, device)

@@ -49,7 +49,7 @@ def median_ms(fn, warmup: int = 3, reps: int = 20) -> float:
 
 # ---- 1. kernels -------------------------------------------------------------------------------
 def random_step(qlens, ctx, kv_heads, head_dim, dtype, seed):
-    from specfleet.engine.attention import AttentionGroup, AttentionMetadata
+    from specfleet.engine.attention import build_metadata
 
     gen = torch.Generator().manual_seed(seed)
     order = sorted(range(len(qlens)), key=lambda i: qlens[i])
@@ -61,23 +61,10 @@ def random_step(qlens, ctx, kv_heads, head_dim, dtype, seed):
         n = -(-c // BLOCK)
         tables.append(perm[used:used + n])
         used += n
-    width = max(map(len, tables))
-    dev = "cuda"
-    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
-    ctx_t = torch.tensor(ctx, dtype=torch.int32, device=dev)
-    groups, start, i = [], 0, 0
-    while i < len(qlens):
-        j = i
-        while j < len(qlens) and qlens[j] == qlens[i]:
-            j += 1
-        groups.append(AttentionGroup(start, j - i, qlens[i], ctx_t[i:j], table[i:j]))
-        start, i = start + (j - i) * qlens[i], j
-    starts = torch.tensor([0] + qlens, device=dev).cumsum(0).to(torch.int32)
-    slots = [t[p // BLOCK] * BLOCK + p % BLOCK for t, q, c in zip(tables, qlens, ctx) for p in range(c - q, c)]
-    meta = AttentionMetadata(torch.tensor(slots, device=dev), groups, starts, ctx_t, table, max(qlens))
+    meta = build_metadata(qlens, ctx, tables, BLOCK, "cuda")
     shape = (need + 9, BLOCK, kv_heads, head_dim)
-    k = torch.randn(shape, device=dev, dtype=dtype)
-    v = torch.randn(shape, device=dev, dtype=dtype)
+    k = torch.randn(shape, device="cuda", dtype=dtype)
+    v = torch.randn(shape, device="cuda", dtype=dtype)
     return meta, k, v
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, AttentionMetadata, TorchPagedAttention
+from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, TorchPagedAttention
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("paged_attention.cpp")
@@ -80,12 +80,6 @@ class CpuPagedAttention(TorchPagedAttention):
     def __init__(self, scale: float) -> None:
         super().__init__(scale)
         self.kernel = load_kernel()
-
-    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 meta: AttentionMetadata) -> torch.Tensor:
-        if len(meta.groups) == 1:
-            return self._group(q, k_cache, v_cache, meta.groups[0])
-        return super().__call__(q, k_cache, v_cache, meta)
 
     def _group(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                group: AttentionGroup) -> torch.Tensor:

@@ -1,9 +1,7 @@
 """Linear layers with oneDNN-prepacked weights: the CPU path for the model's projections and LM head.
 
-MKL's sgemm (what `F.linear` runs on CPU) re-packs the weight on every call and is slow on the tall,
-narrow LM head; oneDNN keeps the weight in its blocked layout once. Measured on the 2-core benchmark
-machine (fp32, 1 thread, 64 rows): LM head 8192x512 16.5 -> 9.1 ms, projections 5-35% faster.
-Only fp32 weights are packed; anything else keeps `nn.Linear`.
+MKL's sgemm (what `F.linear` runs on CPU) is slow on the tall, narrow LM head; oneDNN takes the weight
+in its blocked layout, packed once here (`benchmarks/cpu_backend.py` measures both). Only fp32 weights are packed; anything else keeps `nn.Linear`.
 """
 from __future__ import annotations
 

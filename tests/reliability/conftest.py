@@ -5,6 +5,7 @@ RELIABILITY_FUZZ_EXAMPLES (schemathesis examples per operation, default 8).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit import LiveServer, free_port, start_server, wait_for
+from testkit import LiveServer, free_port, start_server, started, wait_for
 
 BIN = Path(sys.executable).parent
 
@@ -26,16 +27,8 @@ def rss_mib(pid: int | None = None) -> float:
 
 @pytest.fixture(scope="session")
 def reliability_server_factory(tiny_llama):
-    started: list[LiveServer] = []
-
-    def make(**kwargs) -> LiveServer:
-        live = start_server(tiny_llama, **kwargs)
-        started.append(live)
-        return live
-
-    yield make
-    for live in started:
-        live.stop()
+    with started(lambda **kwargs: start_server(tiny_llama, **kwargs), LiveServer.stop) as make:
+        yield make
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +63,9 @@ class EngineProcess:
 
 @pytest.fixture
 def engine_process(tiny_llama, tmp_path):
-    started: list[EngineProcess] = []
-
-    def make(*extra: str) -> EngineProcess:
-        proc = EngineProcess(tiny_llama, tmp_path / f"engine-{len(started)}.log", *extra)
-        started.append(proc)
-        return proc
-
-    yield make
-    for proc in started:
-        proc.kill()
+    logs = (tmp_path / f"engine-{i}.log" for i in itertools.count())
+    with started(lambda *extra: EngineProcess(tiny_llama, next(logs), *extra), EngineProcess.kill) as make:
+        yield make
 
 
 @pytest.fixture(scope="session")

@@ -3,21 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from testkit import LiveServer, start_server
+from testkit import LiveServer, start_server, started
 
 
 @pytest.fixture(scope="session")
 def server_factory(tiny_llama):
-    started: list[LiveServer] = []
-
-    def make(**kwargs) -> LiveServer:
-        live = start_server(tiny_llama, **{"max_num_seqs": 64, **kwargs})
-        started.append(live)
-        return live
-
-    yield make
-    for live in started:
-        live.stop()
+    with started(lambda **kwargs: start_server(tiny_llama, **{"max_num_seqs": 64, **kwargs}), LiveServer.stop) as make:
+        yield make
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,13 @@
 
 Routing: the request's `model` names an InferenceService (`spec.model.name`); its Service's selector
 picks the Pods, and only Ready ones (no deletionTimestamp) take traffic. Among them the gateway picks
-the pod with the fewest outstanding requests, preferring the pod a prompt prefix hashes to
-(rendezvous hashing) while it is within `AFFINITY_SLACK` requests of the least loaded, so repeated
-prefixes land where their KV blocks are cached.
+the pod with the fewest prompts waiting for prefill, then the fewest outstanding requests, preferring
+the pod a prompt prefix hashes to (rendezvous hashing) while it is within `AFFINITY_SLACK` of the
+shortest queue and of the least outstanding requests, so repeated prefixes land where their KV blocks
+are cached. Waiting = the engine's `vllm:num_requests_waiting`, polled every `QUEUE_POLL_S`,
+plus the requests sent to it since (an endpoint picker's queue-depth scorer). Balancing by outstanding
+requests alone hands a pod that just became ready every arrival until it holds as many as the others,
+and the prompts pile up in its prefill queue.
 
 Failures: a connection error, a reset, or a 429/502/503/504 before the first byte reached the client is
 retried on another pod (up to `MAX_ATTEMPTS`, waiting up to `WAIT_READY_S` for a ready pod), and the
@@ -33,6 +37,8 @@ MAX_ATTEMPTS = 4
 WAIT_READY_S = 60.0
 EJECT_S = 3.0
 RETRY_STATUS = {429, 502, 503, 504}
+QUEUE_POLL_S = 0.25
+WAITING_METRIC = "vllm:num_requests_waiting"
 
 
 @dataclass
@@ -119,6 +125,8 @@ class Gateway:
         self.api_url, self.host, self.port, self.refresh_s = api_url, host, port, refresh_s
         self.routes: dict[str, Route] = {}
         self.outstanding: dict[str, int] = {}
+        self.waiting: dict[str, float] = {}      # engine's waiting gauge at the last poll
+        self.sent: dict[str, int] = {}           # requests sent since that poll
         self.ejected: dict[str, float] = {}
         self.stats = {"requests": 0, "retries": 0, "failed": 0}
         self.changed = asyncio.Event()
@@ -143,10 +151,12 @@ class Gateway:
         site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
         await site.start()
         self._follow = asyncio.create_task(self._refresh_forever())
+        self._poll = asyncio.create_task(self._poll_queues_forever())
 
     async def stop(self) -> None:
         self._follow.cancel()
-        await asyncio.gather(self._follow, return_exceptions=True)
+        self._poll.cancel()
+        await asyncio.gather(self._follow, self._poll, return_exceptions=True)
         await self.runner.cleanup()
         await self.session.close()
 
@@ -163,6 +173,28 @@ class Gateway:
                     log.debug("refresh failed: %s", exc)
                 await asyncio.sleep(self.refresh_s)
 
+    async def _poll_queues_forever(self) -> None:
+        while True:
+            urls = {e.url for route in self.routes.values() for e in route.endpoints}
+            results = await asyncio.gather(*(self._waiting_of(url) for url in urls))
+            self.waiting = {url: value for url, value in zip(urls, results) if value is not None}
+            await asyncio.sleep(QUEUE_POLL_S)
+
+    async def _waiting_of(self, url: str) -> float | None:
+        """The engine's waiting gauge (None when it cannot be read: the pick then counts only what
+        this gateway sent); the requests sent since count from this poll on."""
+        sent = self.sent.pop(url, 0)
+        try:
+            async with self.session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=QUEUE_POLL_S * 4)) as r:
+                text = await r.text() if r.status == 200 else ""
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+            text = ""
+        values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(WAITING_METRIC)]
+        if not values:
+            self.sent[url] = self.sent.get(url, 0) + sent
+            return None
+        return sum(values)
+
     # -- routing ------------------------------------------------------------------------------------
     def pick(self, model: str, key: str | None, exclude: set[str]) -> Endpoint | None:
         now = time.monotonic()
@@ -171,12 +203,15 @@ class Gateway:
                       if e.url not in exclude and self.ejected.get(e.url, 0) <= now]
         if not candidates:
             return None
+        queued = {e.url: self.waiting.get(e.url, 0.0) + self.sent.get(e.url, 0) for e in candidates}
         load = {e.url: self.outstanding.get(e.url, 0) for e in candidates}
-        least = min(load.values())
+        shortest, least = min(queued.values()), min(load.values())
         if key is not None:
             preferred = max(candidates, key=lambda e: hashlib.sha1(f"{key}|{e.url}".encode()).digest())
-            if load[preferred.url] <= least + AFFINITY_SLACK:
+            if queued[preferred.url] <= shortest + AFFINITY_SLACK and load[preferred.url] <= least + AFFINITY_SLACK:
                 return preferred
+        candidates = [e for e in candidates if queued[e.url] <= shortest]
+        least = min(load[e.url] for e in candidates)
         return random.choice([e for e in candidates if load[e.url] == least])
 
     # -- handlers -----------------------------------------------------------------------------------
@@ -226,6 +261,7 @@ class Gateway:
             if attempts > 1:
                 self.stats["retries"] += 1
             self.outstanding[endpoint.url] = self.outstanding.get(endpoint.url, 0) + 1
+            self.sent[endpoint.url] = self.sent.get(endpoint.url, 0) + 1
             try:
                 result = await self._attempt(request, endpoint, path, raw, headers, stream)
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:

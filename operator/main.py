@@ -5,6 +5,7 @@ from the in-cluster service account or KUBECONFIG.
 """
 from __future__ import annotations
 
+import logging
 import sys
 
 
@@ -20,6 +21,9 @@ def run(namespaces: list[str] | None = None, clusterwide: bool = False, liveness
     from specfleet.operator.control import telemetry
 
     kopf.configure(verbose=verbose)
+    if not verbose:     # one line per scrape of every pod drowns kopf's own messages
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     telemetry.serve_from_environment()
     kopf.run(standalone=True, clusterwide=clusterwide, namespaces=namespaces or [],
              liveness_endpoint=liveness)

@@ -61,6 +61,7 @@ class FakeEngine:
         self.t = time.monotonic()
         self.rps, self.ttft, self.itl, self.batch, self.waiting = 0.5, 0.3, 0.05, 2.0, 0.0
         self.acceptance, self.enabled, self.k = 0.7, True, 4
+        self.report_ended = False         # export vllm:request_success_total (requests ended at `rps`)
         self.c = {"first": 0.0, "ttft_sum": 0.0, "ttft": [0.0] * len(TTFT_LE), "itl": [0.0] * len(ITL_LE),
                   "tokens": 0.0, "steps": 0.0, "seqs": 0.0, "drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0,
                   "cf_draft": 0.0, "cf_accepted": 0.0}
@@ -77,6 +78,7 @@ class FakeEngine:
         dt, self.t = now - self.t, now
         c, n = self.c, self.rps * dt
         c["first"] += n
+        c["ended"] = c.get("ended", 0.0) + n
         c["ttft_sum"] += n * self.ttft
         for i, le in enumerate(TTFT_LE):
             c["ttft"][i] += n if self.ttft <= le else 0
@@ -112,6 +114,9 @@ class FakeEngine:
                      f"specfleet:counterfactual_accepted_tokens_total{m} {c['cf_accepted']}",
                      f"specfleet:speculation_enabled{m} {float(self.enabled)}",
                      f"specfleet:num_speculative_tokens{m} {self.k}"]
+            if self.report_ended:
+                lines += ["# TYPE vllm:request_success_total counter",
+                          f'vllm:request_success_total{{finished_reason="stop",model_name="chat"}} {c["ended"]}']
             lines += _histogram("vllm:time_to_first_token_seconds", TTFT_LE, c["ttft"], c["first"], c["ttft_sum"])
             lines += _histogram("vllm:inter_token_latency_seconds", ITL_LE, c["itl"], c["first"] * 50,
                                 c["first"] * 50 * self.itl)

@@ -34,8 +34,9 @@ class ScalingPolicy:
     max_replicas: int = 4
     scale_up_stabilization_s: float = 30.0
     scale_down_stabilization_s: float = 300.0
-    target_utilization: float = 0.7     # share of the SLO batch a replica is sized to carry
-    scale_down_utilization: float = 0.8  # a smaller fleet must stay under this share to be chosen
+    target_utilization: float = 0.9     # share of the SLO batch and of the prefill rate a replica is sized
+                                        # to use (the prefill share lower where the TTFT target needs it)
+    scale_down_utilization: float = 0.95  # a smaller fleet must stay under this share to be chosen
     drain_s: float = 30.0               # a queue is planned to drain within this time
     max_up_factor: float = 2.0
     max_up_pods: int = 4
@@ -52,7 +53,7 @@ class ScalingPolicy:
                                         # the new pods start and serve a window before any is handed back
     max_down_share: float = 0.25
     detect_interval_s: float = 5.0      # `detect` looks at windows this long between decisions
-    surge_utilization: float = 1.0      # share of the SLO batch a predicted surge is sized at (the steady
+    surge_utilization: float = 0.9      # share a predicted surge is sized at (the steady
                                         # path adds the rest to `target_utilization` once it is measured)
 
     @classmethod
@@ -71,6 +72,7 @@ class AutoscalerState:
     last_seconds: float = 0.0           # length of the previous window
     last_inflight: float | None = None  # running + waiting at the previous window's end
     last_slope: float = 0.0             # arrival growth (req/s per s) seen by the previous window
+    last_rising: bool = False           # the previous decision saw a trend (a rise out of the noise)
     noise: float = 0.0                  # EWMA of squared window-to-window arrival changes ((req/s)^2)
 
 
@@ -112,7 +114,7 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
     short = bool(_violation(window, model)) or _growing(window)
     rising = significant and (state.last_slope > 0 or short)
     state = replace(state, last_rps=arrivals, last_time=now, last_seconds=window.seconds, last_slope=slope,
-                    noise=noise, last_inflight=_inflight(window))
+                    last_rising=rising, noise=noise, last_inflight=_inflight(window))
     output = window.output_tokens_per_request
     per_replica = model.replica_rps(policy.target_utilization, alpha, k, output)
     full = model.replica_rps(1.0, alpha, k, output)     # what a replica carries at its SLO batch
@@ -186,10 +188,23 @@ def _surge(window: Window | None, state: AutoscalerState, policy: ScalingPolicy)
         return None
     base = state.last_rps
     deviation = math.sqrt(base / window.seconds + base / state.last_seconds + state.noise)
-    since = (window.start + window.end) / 2 - (state.last_time - state.last_seconds / 2)
+    # Growth since the last decision's arrivals: measured from the middle of its window when that
+    # window was already rising; else the rise is taken to start where it ended, the steepest growth
+    # consistent with both windows (a guess on the high side costs a few pod-minutes, one on the low
+    # side leaves a crowd to too few pods).
+    origin = state.last_time - (state.last_seconds / 2 if state.last_rising else 0.0)
+    since = (window.start + window.end) / 2 - origin
     if arrivals - base <= policy.jump_sigmas * deviation or since <= 0:
         return None
     return arrivals, (arrivals - base) / since
+
+
+def arrivals_of(window: Window) -> float | None:
+    """Requests arriving per second in one window on its own (conservation, else first tokens plus
+    queue growth); None without a rate."""
+    if window is None or window.requests_per_second is None:
+        return _conserved(window) if window is not None else None
+    return _arrivals(window)
 
 
 def _conserved(window: Window) -> float | None:

@@ -48,22 +48,45 @@ class ServiceModel:
         return _slo_batch(self, alpha, k)
 
     def request_seconds(self, batch: float, alpha: float = 0.0, k: int = 0, output: float | None = None) -> float:
-        """Time one request occupies a batch slot: prefill plus its output tokens at `batch`."""
+        """Time one request occupies a batch slot: prefill plus its output tokens at `batch`, on a
+        replica busy enough that its steps also prefill (the steps of a replica near its capacity)."""
         out = self.output_tokens if output is None else output
-        prefill = pm.prefill_time(self.shape, self.cal, self.prompt_tokens, self.chunk, max(1, round(batch)), self.ctx)
-        return prefill + out * self.token_time(batch, alpha, k)
+        step = max(self.step(batch, k), self.mixed_step(batch))
+        prefill = math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * step
+        return prefill + out * step / pm.expected_tokens(alpha, k)
 
     def replica_rps(self, utilization: float, alpha: float = 0.0, k: int = 0, output: float | None = None) -> float:
-        """Requests/s one replica sustains at `utilization` of its SLO batch (Little's law)."""
-        batch = max(1.0, utilization * self.slo_batch(alpha, k))
-        by_slots = batch / self.request_seconds(batch, alpha, k, output)
-        return min(by_slots, utilization * self.prefill_rps(batch))
+        """Requests/s one replica sustains with at most `utilization` of its SLO batch busy and of its
+        prefill rate used (less where the TTFT target leaves less room for queueing:
+        `prefill_utilization`), at the batch that load itself makes (Little's law: batch = rate x the
+        time a request holds a slot). A prefill-bound replica runs a batch well under its SLO batch,
+        and a smaller batch leaves more of the token budget to prompts."""
+        return _replica_rps(self, round(utilization, 4), round(alpha, 4), k,
+                            None if output is None else round(output, 1))
 
-    def prefill_rps(self, batch: float) -> float:
+    def prefill_utilization(self, batch: float, k: int = 0, cap: float = 1.0) -> float:
+        """Share of its prefill rate a replica can use with the TTFT p99 target held: prompts queue for
+        prefill, and with a service time s per prompt the p99 wait at utilization p is about
+        ln(100)/2 x p s / (1 - p) (the exponential tail of the M/D/1 wait), which must fit in the
+        target minus the prompt's own prefill. At most `cap`."""
+        s = 1.0 / max(self.prefill_rps(batch, k), 1e-9)
+        own = math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * self.mixed_step(batch)
+        budget = self.ttft_s - own
+        if budget <= 0:
+            return min(cap, 0.05)
+        return min(cap, budget / (budget + math.log(100) / 2 * s))
+
+    def prefill_rps(self, batch: float, k: int = 0) -> float:
         """Prompts/s one replica prefills while decoding `batch` sequences (the token budget's spare room)."""
-        b = max(1, round(batch))
-        room = max(self.chunk - b, 1)
-        return room / pm.mixed_step_time(self.shape, self.cal, b, self.ctx, self.chunk) / self.prompt_tokens
+        return self.prefill_room(batch, k) / self.mixed_step(batch) / self.prompt_tokens
+
+    def prefill_room(self, batch: float, k: int = 0) -> int:
+        """Prompt tokens a step has room for next to `batch` running sequences: the engine schedules the
+        running ones first, each taking its token plus k draft tokens to verify."""
+        return max(self.chunk - max(1, round(batch)) * (k + 1), 1)
+
+    def mixed_step(self, batch: float) -> float:
+        return pm.mixed_step_time(self.shape, self.cal, max(1, round(batch)), self.ctx, self.chunk)
 
     def best_k(self, batch: float, alpha: float) -> int:
         return pm.best_k(self.shape, self.cal, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft)
@@ -90,6 +113,25 @@ def _slo_batch(m: ServiceModel, alpha: float, k: int) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+@lru_cache(maxsize=4096)
+def _replica_rps(m: ServiceModel, utilization: float, alpha: float, k: int, output: float | None) -> float:
+    top = max(1.0, utilization * m.slo_batch(alpha, k))
+
+    def by_slots(b: float) -> float:
+        return b / m.request_seconds(b, alpha, k, output)
+
+    def by_prefill(b: float) -> float:
+        return m.prefill_utilization(b, k, utilization) * m.prefill_rps(b, k)
+    if by_slots(top) <= by_prefill(top):
+        return by_slots(top)
+    # Slots grow with the batch and the prefill rate shrinks with it: the rate is where they cross.
+    lo, hi = 1.0, top
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if by_slots(mid) < by_prefill(mid) else (lo, mid)
+    return min(by_slots(lo), by_prefill(lo))
 
 
 @lru_cache(maxsize=1024)

@@ -88,7 +88,7 @@ def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: pla
     model = st.model
     spec_decision = None
     if st.speculation is not None:
-        policy = speculation.SpeculationPolicy.from_spec(spec.speculation, spec.runtime.engine, **_dwell())
+        policy = _speculation_policy(spec)
         spec_decision, st.speculation = speculation.decide(window, model, policy, st.speculation, now)
     scale = None
     if spec.replicas is None:
@@ -109,17 +109,37 @@ def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: pla
 
 def detect_step(window: Window | None, spec: api.InferenceServiceSpec, st: ServiceLoop, current: int, ready: int,
                 now: float, when: str) -> Step | None:
-    """The pure part of a detection between intervals: a scale-up on a surge, or None."""
+    """The pure part of a detection between intervals: a scale-up on a surge (with speculation off when
+    it costs replicas at the surge's load), or None."""
     if spec.replicas is not None:
         return None
     on = st.speculation is not None and st.speculation.enabled
-    scale, st.autoscaler = autoscaler.detect(window, st.model, current, _scaling(spec), st.autoscaler, now,
+    before = st.autoscaler
+    scale, st.autoscaler = autoscaler.detect(window, st.model, current, _scaling(spec), before, now,
                                              _alpha_in_effect(window, st) if on else 0.0,
                                              st.speculation.k if on else 0, ready)
     if not scale.changed:
         return None
+    spec_decision = None
+    if on:
+        policy = _speculation_policy(spec)
+        spec_decision, st.speculation = speculation.on_surge(window, st.model, policy, st.speculation, now)
+    if spec_decision is not None:       # speculation off first: the surge is sized without it
+        scale, st.autoscaler = autoscaler.detect(window, st.model, current, _scaling(spec), before, now, 0.0, 0,
+                                                 ready)
     decisions, events = _scale_records(scale, when)
-    return Step(scale, None, {}, [], decisions, events)
+    if spec_decision is not None:
+        decisions.append({"time": when, "kind": "speculation", "from": "on", "to": "off",
+                          "reason": spec_decision.reason})
+        events.append(("Normal", "SpeculationOff", f"speculation off ({spec_decision.reason}): "
+                                                   f"{spec_decision.message}"))
+    conds = conditions(window, st.model, st, spec_decision)[1:] if spec_decision is not None else []
+    return Step(scale, spec_decision, {}, conds, decisions, events)
+
+
+def _speculation_policy(spec: api.InferenceServiceSpec) -> speculation.SpeculationPolicy:
+    return speculation.SpeculationPolicy.from_spec(spec.speculation, spec.runtime.engine, spec.autoscaling,
+                                                   fixed_replicas=spec.replicas is not None, **_dwell())
 
 
 def _scaling(spec: api.InferenceServiceSpec) -> autoscaler.ScalingPolicy:
@@ -242,8 +262,7 @@ async def _detect(kube, ns: str, name: str, spec, st: ServiceLoop, deployment: d
     ready = ((deployment.get("status") or {}).get("readyReplicas")) or 0
     step = detect_step(window, spec, st, current, ready, clock(), when)
     if step is not None:
-        await asyncio.to_thread(kube.apps.patch_namespaced_deployment, name, ns,
-                                {"spec": {"replicas": step.scale.desired}}, _preload_content=False)
+        await _apply(kube, {"metadata": {"namespace": ns, "name": name}}, spec, step, st, endpoints, scrapes)
     return step
 
 

@@ -1,19 +1,31 @@
-"""The speculation controller (pure): per service, off or on with depth k, from the observed batch and
-acceptance.
+"""The speculation controller (pure): per service, off or on with depth k, from the observed batch,
+acceptance and load.
 
 The acceptance probability a comes from the window: measured acceptance while on, the engines'
 counterfactual n-gram acceptance while off (both converted from accepted/drafted tokens to the
 per-token probability of the goodput model). The goodput model gives k*(batch, a) and
 maxBatchForSpeculation(a). Hysteresis on both thresholds: on -> off when the batch exceeds the
 threshold by `batch_hysteresis` or a falls `acceptance_hysteresis` below `minAcceptanceRate`;
-off -> on only when both clear by the same margins. A state is kept at least `dwell_s` (longer for the
-vLLM runtime, where a switch is a rolling restart). While off without counterfactual evidence it
+off -> on only when both clear by the same margins. A state is kept at least `dwell_s` (longer for
+the vLLM runtime, where a switch is a rolling restart). While off without counterfactual evidence it
 re-probes: on for one dwell every `reprobe_s`, if the batch allows.
+
+Draft tokens to verify share the step's token budget with prompts (the engine schedules running
+sequences first), so on a prefill-bound service speculation lowers the requests/s a replica carries.
+It stays on only while it is free: while the replicas the load needs without it (at the autoscaler's
+utilization, at least `min_replicas`; all serving ones with a fixed replica count) also carry the
+load with it. Otherwise k steps down to the
+deepest free depth, or speculation goes off (`CostsReplicas`); it comes back when the load clears
+that bound by `batch_hysteresis`. On a surge (`on_surge`, from surge detection between intervals) the
+check runs at once on the short window, past the dwell: switching speculation off is the only
+capacity that arrives before new pods do.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
+from specfleet.operator.control.autoscaler import ScalingPolicy, arrivals_of
 from specfleet.operator.control.calibration import ServiceModel, alpha_from_acceptance
 from specfleet.operator.control.window import Window
 
@@ -29,12 +41,18 @@ class SpeculationPolicy:
     acceptance_hysteresis: float = 0.05
     dwell_s: float = SPECFLEET_DWELL_S
     reprobe_s: float = 300.0
+    utilization: float = ScalingPolicy.target_utilization   # capacity as the autoscaler sizes it
+    min_replicas: int = 1
+    fixed_replicas: bool = False         # no autoscaler (spec.replicas): every serving replica stays
 
     @classmethod
-    def from_spec(cls, speculation, engine: str = "specfleet", **over) -> "SpeculationPolicy":
+    def from_spec(cls, speculation, engine: str = "specfleet", autoscaling=None, fixed_replicas: bool = False,
+                  **over) -> "SpeculationPolicy":
         dwell = VLLM_DWELL_S if engine == "vllm" else SPECFLEET_DWELL_S
+        floor = {"min_replicas": autoscaling.min_replicas} if autoscaling is not None else {}
         return cls(mode=speculation.mode, max_k=speculation.max_speculative_tokens,
-                   min_acceptance=speculation.min_acceptance_rate, **{"dwell_s": dwell, **over})
+                   min_acceptance=speculation.min_acceptance_rate, fixed_replicas=fixed_replicas,
+                   **{"dwell_s": dwell, **floor, **over})
 
 
 @dataclass(frozen=True)
@@ -67,9 +85,57 @@ def decide(window: Window | None, model: ServiceModel, policy: SpeculationPolicy
     alpha = _alpha(window, state)
     if policy.mode == "on":
         return _forced_on(model, policy, state, batch_per_pod, alpha, now)
+    load = _Load(arrivals_of(window), window.pods_scraped)
     if state.enabled:
-        return _while_on(model, policy, state, batch_per_pod, alpha, now)
-    return _while_off(model, policy, state, batch_per_pod, alpha, now)
+        return _while_on(model, policy, state, batch_per_pod, alpha, now, load)
+    return _while_off(model, policy, state, batch_per_pod, alpha, now, load)
+
+
+@dataclass(frozen=True)
+class _Load:
+    rps: float | None            # arrivals of the window
+    serving: int                 # pods that served it
+
+
+def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPolicy, state: SpeculationState,
+             now: float) -> tuple[SpeculationDecision | None, SpeculationState]:
+    """Between intervals, when a surge was detected: off at once (no dwell) if speculating costs
+    replicas at the short window's load; None otherwise (nothing else changes here)."""
+    if not state.enabled or policy.mode != "auto" or window is None or not window.complete:
+        return None, state
+    alpha = _alpha(window, state)
+    costly = _costs_replicas(model, policy, _Load(arrivals_of(window), window.pods_scraped),
+                             policy.min_acceptance if alpha is None else alpha, state.k)
+    if not costly:
+        return None, state
+    return _switch(state, False, state.k, "SurgeCostsReplicas", f"surge: {costly}", now, alpha, None)
+
+
+def _affordable_k(model: ServiceModel, policy: SpeculationPolicy, load: _Load | None, alpha: float, upto: int,
+                  margin: float = 0.0) -> int:
+    """The deepest k <= `upto` that costs no replicas at `load` (0: none)."""
+    return next((k for k in range(upto, 0, -1) if not _costs_replicas(model, policy, load, alpha, k, margin)), 0)
+
+
+def _costs_replicas(model: ServiceModel, policy: SpeculationPolicy, load: _Load | None, alpha: float, k: int,
+                    margin: float = 0.0) -> str:
+    """Why speculating at depth k needs more replicas for the load than not speculating; "" when it
+    needs none (or the load is unknown). The replicas it may use are those the load needs without it
+    (at least `min_replicas`), and no more than serve now (while new ones start, the serving ones
+    carry the load)."""
+    if load is None or load.rps is None or load.rps <= 0 or k < 1:
+        return ""
+    on, off = model.replica_rps(policy.utilization, alpha, k), model.replica_rps(policy.utilization)
+    if on >= off:
+        return ""
+    needed = max(math.ceil(load.rps / off - 1e-9), policy.min_replicas)
+    if policy.fixed_replicas and load.serving > 0:
+        needed = max(needed, load.serving)      # nothing scales down: the fleet there is is the fleet
+    replicas = min(needed, load.serving) if load.serving > 0 else needed
+    if load.rps * (1 + margin) <= replicas * on:
+        return ""
+    return (f"{load.rps:.1f} req/s on {replicas} replicas: with k={k} a replica carries {on:.1f} req/s instead of "
+            f"{off:.1f} without speculation (draft tokens to verify take prompt budget); {needed} needed without")
 
 
 def _alpha(window: Window, state: SpeculationState) -> float | None:
@@ -97,7 +163,7 @@ def _forced_on(model, policy, state, batch, alpha, now):
     return _switch(state, True, k, "Forced", f"speculation.mode is on; k={k}", now, alpha, None)
 
 
-def _while_on(model, policy, state, batch, alpha, now):
+def _while_on(model, policy, state, batch, alpha, now, load=None):
     if alpha is None:
         return _hold(state, "MetricsUnavailable", "no drafted tokens in the window; holding"), state
     threshold = model.max_batch_for_speculation(alpha)
@@ -113,20 +179,33 @@ def _while_on(model, policy, state, batch, alpha, now):
             return _hold(state, "Dwell", f"would turn off (batch); {seen}", alpha, threshold), state
         return _switch(state, False, state.k, "BatchAboveThreshold", f"batch {batch:.1f} > {threshold} x "
                        f"{1 + policy.batch_hysteresis:g}; {seen}", now, alpha, threshold)
+    costly = _costs_replicas(model, policy, load, alpha, state.k)
+    if costly:
+        if dwelling:
+            return _hold(state, "Dwell", f"would turn off (costs replicas); {costly}", alpha, threshold), state
+        shallower = _affordable_k(model, policy, load, alpha, state.k - 1)
+        if shallower >= 1:
+            return _switch(state, True, shallower, "DepthRetuned", f"k {state.k} -> {shallower}: {costly}", now,
+                           alpha, threshold)
+        return _switch(state, False, state.k, "CostsReplicas", costly, now, alpha, threshold)
     best = min(model.best_k(batch, alpha), policy.max_k)
+    if best > state.k:     # deeper only while the deeper k is free with the hysteresis margin to spare
+        best = max(_affordable_k(model, policy, load, alpha, best, policy.batch_hysteresis), state.k)
     if best >= 1 and best != state.k and not dwelling:
         return _switch(state, True, best, "DepthRetuned", f"k {state.k} -> {best} maximises goodput; {seen}",
                        now, alpha, threshold)
     return _hold(state, "Paying", seen, alpha, threshold), replace(state, probing=False)
 
 
-def _while_off(model, policy, state, batch, alpha, now):
+def _while_off(model, policy, state, batch, alpha, now, load=None):
     dwelling = now - state.since < policy.dwell_s
     if alpha is None:
         threshold = model.max_batch_for_speculation(policy.min_acceptance)
         due = now - state.since >= policy.reprobe_s
-        if due and batch < threshold * (1 - policy.batch_hysteresis):
-            k = max(1, min(model.best_k(batch, policy.min_acceptance) or 1, policy.max_k))
+        k = _affordable_k(model, policy, load, policy.min_acceptance,
+                          max(1, min(model.best_k(batch, policy.min_acceptance) or 1, policy.max_k)),
+                          policy.batch_hysteresis)
+        if due and k >= 1 and batch < threshold * (1 - policy.batch_hysteresis):
             return _switch(state, True, k, "Reprobe", f"no counterfactual acceptance while off; probing k={k} at "
                            f"batch {batch:.1f}", now, None, threshold, probing=True)
         return _hold(state, "NoAcceptanceEvidence", f"off; batch {batch:.1f}; next probe after "
@@ -138,6 +217,11 @@ def _while_off(model, policy, state, batch, alpha, now):
     k = min(model.best_k(batch, alpha), policy.max_k)
     if not clears or k < 1:
         return _hold(state, "NotPaying", seen, alpha, threshold), state
+    affordable = _affordable_k(model, policy, load, alpha, k, policy.batch_hysteresis)
+    if affordable < 1:
+        return _hold(state, "CostsReplicas", _costs_replicas(model, policy, load, alpha, 1, policy.batch_hysteresis),
+                     alpha, threshold), state
+    k = affordable
     if dwelling:
         return _hold(state, "Dwell", f"would turn on; {seen}", alpha, threshold), state
     return _switch(state, True, k, "SpeculationPays", f"k={k}; {seen}", now, alpha, threshold)

@@ -2,10 +2,13 @@
 
 Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the performance model's
 length at its current batch (a mixed step while it prefills), so its sequences get dt / T(B, ctx, k+1)
-steps of E[tokens | alpha, k] tokens each, and prompts share the step's token budget in arrival order.
-A gateway queue feeds the least-loaded ready pods up to `max_num_seqs`, dealt round-robin. Every pod keeps the engine's
-cumulative metrics (vLLM names), and `scrape()` hands them to the control loop as `Scrape`s, so the
-controller sees exactly what it would see from real engines.
+steps of E[tokens | alpha, k] tokens each, and prompts share what the step's token budget leaves after
+the running sequences' tokens and draft tokens to verify.
+A gateway queue deals requests one at a time to the ready pod with the fewest prompts waiting for
+prefill, then the fewest held (an endpoint picker that reads the engines' queue depth), up to
+`max_num_seqs` each. Every pod keeps the engine's cumulative metrics (vLLM names), and `scrape()`
+hands them to the control loop as `Scrape`s, so the controller sees exactly what it would see from
+real engines.
 
 A prompt that has not started prefill waits (the engine's waiting queue): it holds no KV cache and
 takes no part in the step, so step time and the prefill budget count started sequences only.
@@ -18,6 +21,7 @@ Prompts whose prefill has started keep going first either way, and nothing is dr
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -140,15 +144,14 @@ class Fleet:
         ids = ids[~self.draining[ids]]
         if not len(ids) or not len(self.queue_arrival):
             return
-        batch = np.bincount(self.req["rep"].astype(int), minlength=self.n)[ids]
-        free = np.maximum(self.m.max_num_seqs - batch, 0)
-        take = _waterfill(batch, free, min(int(free.sum()), len(self.queue_arrival)))
-        m = int(take.sum())
+        r = self.req
+        rep_now = r["rep"].astype(int)
+        held = np.bincount(rep_now, minlength=self.n)[ids]
+        waiting = np.bincount(rep_now, weights=(r["pleft"] >= self.prompt).astype(float), minlength=self.n)[ids]
+        rep = ids[_deal(waiting.astype(int), held, self.m.max_num_seqs, len(self.queue_arrival))]
+        m = len(rep)
         if not m:
             return
-        # Dealt round-robin, so no pod gets all of the oldest (or all of the on-time) requests.
-        rep = np.repeat(ids, take)
-        rep = rep[np.argsort(np.arange(m) - np.repeat(np.cumsum(take) - take, take), kind="stable")]
         picked = self._dequeue(t0, m, ids)
         arrival, out = self.queue_arrival[picked], self.queue_out[picked]
         kept = np.ones(len(self.queue_arrival), bool)
@@ -202,7 +205,7 @@ class Fleet:
         and its step time)."""
         active = self._batches()[1][ids]
         step = self._step_time(active, self.k[ids], np.ones(len(ids), bool))
-        return np.maximum(self.m.chunk - active, 1.0) / step
+        return self._room(active, self.k[ids]) / step
 
     def _batches(self) -> tuple[np.ndarray, np.ndarray]:
         """Requests each pod holds, and those of them in the step (prefill started; the rest wait)."""
@@ -243,7 +246,7 @@ class Fleet:
         first_at = np.full(len(rep), np.nan)
         if not len(idx):
             return first_at
-        budget = steps * np.maximum(self.m.chunk - batch, 1.0)
+        budget = steps * self._room(batch, self.k[:self.n])
         order = self._prefill_order(r, rep, idx, t0, budget / dt)
         pods = rep[order]
         left = r["pleft"][order]
@@ -258,6 +261,11 @@ class Fleet:
         r["oleft"][done] -= 1
         first_at[done] = r["first"][done]
         return first_at
+
+    def _room(self, batch: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Prompt tokens per step: the budget the running sequences leave, each taking its token plus k
+        draft tokens to verify (the engine schedules them before waiting prompts)."""
+        return np.maximum(self.m.chunk - batch * (k + 1), 1.0)
 
     def _step_time(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
         m, c = self.m.shape, self.truth
@@ -378,17 +386,17 @@ def _late(deadlines: np.ndarray, now: float, ahead: float, rate: float, prompt: 
     return late
 
 
-def _waterfill(batch: np.ndarray, free: np.ndarray, m: int) -> np.ndarray:
-    """Slots per pod so the least-loaded pods fill first; sums to m."""
-    if m <= 0:
-        return np.zeros_like(free)
-    cap = batch + free
-    lo, hi = int(batch.min()), int(cap.max())
-    while lo < hi:                       # smallest level L with sum(clip(L - batch, 0, free)) >= m
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if np.clip(mid - batch, 0, free).sum() < m else (lo, mid)
-    take = np.clip(lo - 1 - batch, 0, free)
-    extra = m - int(take.sum())
-    room = np.flatnonzero(take < np.clip(lo - batch, 0, free))
-    take[room[:extra]] += 1
-    return take
+def _deal(waiting: np.ndarray, held: np.ndarray, slots: int, m: int) -> np.ndarray:
+    """Pod positions for up to `m` requests, one at a time, each to the pod with the fewest prompts
+    waiting for prefill, then the fewest requests held (an endpoint picker reading the engines' queue
+    depth), while a pod holds fewer than `slots`. A pod that just became ready takes requests only as
+    fast as it starts their prefill instead of all arrivals until it holds as many as the others."""
+    key = [(int(q), int(h), i) for i, (q, h) in enumerate(zip(waiting, held)) if h < slots]
+    heapq.heapify(key)
+    out = []
+    while key and len(out) < m:
+        q, h, i = heapq.heappop(key)
+        out.append(i)
+        if h + 1 < slots:
+            heapq.heappush(key, (q + 1, h + 1, i))
+    return np.array(out, dtype=int)

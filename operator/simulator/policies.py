@@ -130,6 +130,10 @@ class SpecfleetSpeculation:
         decision, self.state = speculation.decide(window, model, self.policy, self.state, now)
         return decision.enabled, decision.k, decision.reason
 
+    def on_surge(self, window: Window | None, model: ServiceModel, now: float) -> tuple[bool, int, str] | None:
+        decision, self.state = speculation.on_surge(window, model, self.policy, self.state, now)
+        return None if decision is None else (decision.enabled, decision.k, decision.reason)
+
 
 @dataclass
 class FixedSpeculation:
@@ -160,8 +164,10 @@ class BatchTableSpeculation:
 
 
 # The knobs `run.simulate(knobs=...)` may set on a peer baseline (the rest keep their defaults).
-KNOBS = {"inflight-target": ("target_fraction", "average_s", "scale_down_delay_s"),
-         "saturation": ("kv_target", "queue_target", "down_s")}
+KNOBS = {"inflight-target": ("target_fraction", "average_s", "scale_down_delay_s", "speculate"),
+         "saturation": ("kv_target", "queue_target", "down_s", "speculate")}
+# `speculate=0`: the peer runs without speculative decoding (vLLM's default) instead of with our
+# speculation controller.
 
 SCALING = ("specfleet", "static-peak", "inflight-target", "saturation")
 SPECULATION = ("spec-always-on", "spec-always-off", "spec-batch-table")

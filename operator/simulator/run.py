@@ -43,12 +43,19 @@ def make_policies(name: str, scenario: Scenario, spec, model: ServiceModel, trut
     if unknown:
         raise ValueError(f"policy {name!r} has no knob {', '.join(sorted(unknown))}; "
                          f"it takes {', '.join(P.KNOBS.get(name, ())) or 'none'}")
-    ours_spec = P.SpecfleetSpeculation(speculation.SpeculationPolicy.from_spec(sp),
-                                       speculation.SpeculationState(True, sp.max_speculative_tokens))
+    policy = speculation.SpeculationPolicy.from_spec(sp, autoscaling=auto, fixed_replicas=fixed is not None)
+    ours_spec = P.SpecfleetSpeculation(policy, speculation.SpeculationState(True, sp.max_speculative_tokens))
+    # Static peak provisioning, and a peer told so, run without speculative decoding (vLLM's default).
+    if not knobs.pop("speculate", 1) or (name == "static-peak" and fixed is None):
+        ours_spec = P.FixedSpeculation(False, sp.max_speculative_tokens, "spec-always-off")
     true_model = replace(model, cal=truth, prior=truth)
     alpha0 = scenario.alpha(0)
     k_peak = true_model.best_k(true_model.slo_batch(), alpha0)
-    peak = math.ceil(scenario.peak_rate() / true_model.replica_rps(0.7, alpha0, k_peak))
+    # Static peak provisioning sizes replicas as ours do (the same capacity at the same utilization,
+    # with speculation where it carries more, else without), for the peak load, and never scales.
+    sizing = autoscaler.ScalingPolicy().target_utilization
+    per = max(true_model.replica_rps(sizing), true_model.replica_rps(sizing, alpha0, k_peak))
+    peak = math.ceil(scenario.peak_rate() / per)
     if fixed is not None:
         scaler = P.StaticScaler(fixed, name="fixed")
     elif name in ("specfleet",) + P.SPECULATION:
@@ -102,8 +109,17 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
                 next_detect += detect_s
                 cur = fleet.scrape(t)
                 window, recent = build_window(recent, cur, expected=len(cur)), cur
+                before = getattr(scaler, "state", None)
                 desired, reason = scaler.detect(window, model, len(fleet.alive()), t,
                                                 *_speculating(window, k, enabled, scenario, t), _ready(fleet, t))
+                switched = None
+                if desired > len(fleet.alive()) and hasattr(spec_ctl, "on_surge"):
+                    switched = spec_ctl.on_surge(window, model, t)
+                if switched is not None:        # speculation off first: the surge is sized without it
+                    switches, (enabled, k, spec_reason) = switches + 1, switched
+                    fleet.set_speculation(enabled, k)
+                    scaler.state = before
+                    desired, reason = scaler.detect(window, model, len(fleet.alive()), t, 0.0, 0, _ready(fleet, t))
                 if _scale(fleet, desired, t, k if enabled else 0):
                     actions += 1
                     series.append(_point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason))
@@ -164,7 +180,8 @@ def _initial_replicas(scaler, scenario, model, spec) -> int:
     if isinstance(scaler, P.StaticScaler):
         return scaler.replicas
     alpha = scenario.alpha(0)
-    per = model.replica_rps(0.7, alpha, model.best_k(model.slo_batch(), alpha))
+    per = model.replica_rps(autoscaler.ScalingPolicy().target_utilization, alpha,
+                            model.best_k(model.slo_batch(), alpha))
     auto = spec.autoscaling
     return min(max(math.ceil(scenario.rate(0) / per), auto.min_replicas), auto.max_replicas)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from specfleet.operator.control import autoscaler as a
 
 POLICY = a.ScalingPolicy(min_replicas=1, max_replicas=20, scale_up_stabilization_s=30,
@@ -197,10 +199,10 @@ def test_counting_noise_in_a_short_window_is_not_a_surge(model, make_window):
 def test_detection_never_scales_down(model, make_window):
     """A surge the fleet already covers leaves it as it is (scale-downs are the interval's)."""
     rps = 2 * per_replica(model)
-    state = _settled(model, make_window, 12, rps)
-    surge = make_window(rps=rps, finished=rps, running_growth=40.0, pods=12, seconds=5.0, end=65.0)
-    d, _ = a.detect(surge, model, 12, POLICY, state, 65.0)
-    assert d.desired == 12
+    state = _settled(model, make_window, 18, rps)
+    surge = make_window(rps=rps, finished=rps, running_growth=40.0, pods=18, seconds=5.0, end=65.0)
+    d, _ = a.detect(surge, model, 18, POLICY, state, 65.0)
+    assert d.desired == 18 and d.need < 18
 
 
 def test_detection_needs_a_count_of_ended_requests(model, make_window):
@@ -209,3 +211,49 @@ def test_detection_needs_a_count_of_ended_requests(model, make_window):
     state = _settled(model, make_window, 3, rps)
     blind = make_window(rps=4 * rps, pods=3, seconds=5.0, end=65.0)
     assert a.detect(blind, model, 3, POLICY, state, 65.0)[0].desired == 3
+
+
+def test_a_replica_is_sized_at_the_batch_its_load_makes(model):
+    """Capacity at the self-consistent batch (Little's law): within `utilization` of the SLO batch and
+    of the prefill rate at that batch, and tight against one of the two."""
+    u = POLICY.target_utilization
+    rps = model.replica_rps(u)
+    batch = rps * model.request_seconds(rps * model.request_seconds(20))   # two fixed-point steps
+    batch = rps * model.request_seconds(batch)
+    assert batch <= u * model.slo_batch() + 1
+    assert rps <= u * model.prefill_rps(batch) * 1.01
+    assert rps >= 0.99 * min(batch / model.request_seconds(batch), u * model.prefill_rps(batch))
+    # This service is prefill-bound: its batch stays well under the SLO batch, leaving budget to prompts
+    # (and its TTFT target of 1 s leaves the cap as the prefill share).
+    assert batch < 0.7 * model.slo_batch() and rps > u * model.prefill_rps(u * model.slo_batch())
+    assert model.replica_rps(0.7) < model.replica_rps(0.8) < rps
+
+
+def test_a_tight_ttft_target_lowers_the_prefill_share_a_replica_is_sized_to_use(model):
+    """Prompts queue for prefill: the p99 wait must fit in the TTFT target, so a tight target leaves
+    less of the prefill rate usable (here ~35 ms a prompt against 1 s, then 250 ms)."""
+    u = POLICY.target_utilization
+    loose, tight = model.prefill_utilization(100, 0, 1.0), replace(model, ttft_s=0.25).prefill_utilization(100, 0, 1.0)
+    assert 0.85 < loose < 0.97 and tight < 0.75
+    assert replace(model, ttft_s=0.25).replica_rps(u) < model.replica_rps(u)
+    assert model.prefill_utilization(100, 0, 0.5) == 0.5                         # the cap
+    assert replace(model, ttft_s=0.01).prefill_utilization(100) <= 0.05          # no room at all
+
+
+def test_draft_tokens_to_verify_take_prompt_budget_so_speculation_lowers_a_prefill_bound_capacity(model):
+    assert model.prefill_room(100, 4) == model.chunk - 500 and model.prefill_room(100) == model.chunk - 100
+    assert model.prefill_room(400, 4) == 1                      # the running sequences take the whole budget
+    u = POLICY.target_utilization
+    assert model.replica_rps(u, 0.6, 4) < model.replica_rps(u, 0.6, 2) < model.replica_rps(u)
+
+
+def test_a_surge_after_a_flat_window_is_measured_from_that_window_s_end(model, make_window):
+    """The last decision saw flat load, so a ramp starting after it is timed from its end (true slope),
+    not from its middle (which would read a quarter of a ramp that began at its end)."""
+    rps = 2 * per_replica(model)
+    state = _settled(model, make_window, 3, rps)
+    surge = make_window(rps=rps, finished=rps + 20, running_growth=0.0, pods=3, seconds=5.0, end=65.0)
+    arrivals, slope = a._surge(surge, state, POLICY)
+    assert arrivals == pytest.approx(rps + 20) and slope == pytest.approx(20 / 2.5)
+    rising = replace(state, last_rising=True)
+    assert a._surge(surge, rising, POLICY)[1] == pytest.approx(20 / 10.0)   # middle of the last window to this one's

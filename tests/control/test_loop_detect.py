@@ -22,6 +22,7 @@ def test_a_surge_scales_up_between_intervals_and_says_why(service, make_window, 
     spec, _, model = service
     rps = 2 * model.replica_rps(0.7)
     st = _settled(service, make_window, 3, rps)
+    st.speculation = speculation.SpeculationState(False, 4)     # off already: only the scale-up is new
     surge = make_window(rps=rps, finished=rps, running_growth=40.0, pods=3, seconds=5.0, end=65.0)
     step = loop.detect_step(surge, spec, st, 3, 3, 65.0, "t65")
     assert step is not None and step.scale.reason == "LoadSurge" and step.scale.desired > 3
@@ -29,6 +30,20 @@ def test_a_surge_scales_up_between_intervals_and_says_why(service, make_window, 
                                "reason": "LoadSurge"}]
     assert step.events[0][1] == "ScaleUp" and st.autoscaler.last_up == 65.0
     assert step.conditions == [] and step.spec is None          # status and speculation stay with the interval
+
+
+def test_a_surge_that_makes_speculation_cost_replicas_turns_it_off_in_the_same_step(service, make_window):
+    spec, _, model = service
+    st = _settled(service, make_window, 3, 5.0)                 # light load: speculation is free, on
+    assert st.speculation.enabled
+    rps = 3 * model.replica_rps(0.8)
+    surge = make_window(rps=rps, finished=rps, running_growth=0.0, pods=3, seconds=5.0, end=65.0, acceptance=0.6)
+    step = loop.detect_step(surge, spec, st, 3, 3, 65.0, "t65")
+    assert step.scale.reason == "LoadSurge" and not st.speculation.enabled
+    assert step.spec.reason == "SurgeCostsReplicas" and step.decisions[-1]["kind"] == "speculation"
+    assert [e[1] for e in step.events] == ["ScaleUp", "SpeculationOff"]
+    assert [(c.type, c.status, c.reason) for c in step.conditions] == [("SpeculationActive", "False",
+                                                                         "SurgeCostsReplicas")]
 
 
 def test_no_surge_no_step(service, make_window):

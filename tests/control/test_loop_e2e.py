@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ from specfleet.operator import api  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 NS = "ctl"
+
+
 def wait_for(probe, timeout=40.0, every=0.3):
     deadline, value = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
@@ -42,37 +45,34 @@ def wait_for(probe, timeout=40.0, every=0.3):
     raise AssertionError(f"timed out; last value: {value!r}")
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory, fake_engine_pods):
+@contextmanager
+def operator_for(tmp: Path, urls: dict, ns: str, env: dict, autoscaling: dict):
+    """The real operator on the API emulator, one InferenceService `chat` in `ns` (the CPU example with
+    `autoscaling`) whose pods are the stand-ins at `urls`; yields (AppsV1Api, CoreV1Api, CustomObjectsApi)."""
     from kubernetes import client, config
 
-    tmp = tmp_path_factory.mktemp("ctl")
-    engines, urls = fake_engine_pods(2)
     endpoints = tmp / "endpoints.json"
-    endpoints.write_text(json.dumps({f"{NS}/chat": urls}))
+    endpoints.write_text(json.dumps({f"{ns}/chat": urls}))
     with running_apiserver(tmp / "kubeconfig", port=0) as server:
-        env = {**os.environ, "KUBECONFIG": str(server.kubeconfig), "SPECFLEET_CONTROL_INTERVAL": "1",
-               "SPECFLEET_SPECULATION_DWELL": "3",
-               "SPECFLEET_POD_ENDPOINTS_FILE": str(endpoints)}
+        env = {**os.environ, "KUBECONFIG": str(server.kubeconfig), "SPECFLEET_POD_ENDPOINTS_FILE": str(endpoints),
+               **env}
         kubectl = lambda *a, stdin=None: subprocess.run([str(BIN / "kubectl"), *a], input=stdin, text=True,  # noqa
                                                         capture_output=True, env=env, timeout=30, check=True)
         kubectl("apply", "-f", str(ROOT / "crds/inferenceservice.yaml"))
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace",
-                                                          "metadata": {"name": NS}}))
-        wait_for(lambda: subprocess.run([str(BIN / "kubectl"), "get", "infsvc", "-n", NS], env=env,
+                                                          "metadata": {"name": ns}}))
+        wait_for(lambda: subprocess.run([str(BIN / "kubectl"), "get", "infsvc", "-n", ns], env=env,
                                         capture_output=True).returncode == 0)
         log = (tmp / "operator.log").open("wb")
-        proc = subprocess.Popen([str(BIN / "specfleet"), "operator", "run", "--namespace", NS], env=env,
+        proc = subprocess.Popen([str(BIN / "specfleet"), "operator", "run", "--namespace", ns], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         doc = yaml.safe_load((ROOT / "manifests/examples/smollm2-cpu.yaml").read_text())
-        doc["metadata"] = {"name": "chat", "namespace": NS}
-        doc["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 4, "scaleUpStabilizationSeconds": 0,
-                                      "scaleDownStabilizationSeconds": 600}
+        doc["metadata"] = {"name": "chat", "namespace": ns}
+        doc["spec"]["autoscaling"] = autoscaling
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
         api_client = config.new_client_from_config(str(server.kubeconfig))
         try:
-            yield engines, client.AppsV1Api(api_client), client.CoreV1Api(api_client), \
-                client.CustomObjectsApi(api_client)
+            yield client.AppsV1Api(api_client), client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
         finally:
             proc.send_signal(signal.SIGINT)
             try:
@@ -82,12 +82,22 @@ def fleet(tmp_path_factory, fake_engine_pods):
             print((tmp / "operator.log").read_text()[-3000:])
 
 
-def service(custom) -> dict:
-    return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.PLURAL, "chat")
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, fake_engine_pods):
+    engines, urls = fake_engine_pods(2)
+    env = {"SPECFLEET_CONTROL_INTERVAL": "1", "SPECFLEET_SPECULATION_DWELL": "3"}
+    autoscaling = {"minReplicas": 1, "maxReplicas": 4, "scaleUpStabilizationSeconds": 0,
+                   "scaleDownStabilizationSeconds": 600}
+    with operator_for(tmp_path_factory.mktemp("ctl"), urls, NS, env, autoscaling) as (apps, core, custom):
+        yield engines, apps, core, custom
 
 
-def events(core, reason: str) -> list[dict]:
-    items = core.list_namespaced_event(NS, _preload_content=False).json()["items"]
+def service(custom, ns: str = NS) -> dict:
+    return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, "chat")
+
+
+def events(core, reason: str, ns: str = NS) -> list[dict]:
+    items = core.list_namespaced_event(ns, _preload_content=False).json()["items"]
     return [e for e in items if e.get("reason") == reason]
 
 
@@ -113,8 +123,12 @@ def test_raised_load_scales_the_deployment_up_and_says_why(fleet):
 
 def test_a_batch_heavy_phase_turns_speculation_off_on_every_pod(fleet):
     engines, apps, core, custom = fleet
+    # Light load first: the raised load above made speculation cost replicas (off); here it is free again.
     for e in engines:
-        e.set(rps=2.0, ttft=0.3, waiting=0.0, batch=400.0, acceptance=0.7)
+        e.set(rps=0.2, ttft=0.3, waiting=0.0, batch=2.0, acceptance=0.7)
+    assert wait_for(lambda: all(e.admin_calls and e.admin_calls[-1][0]["enabled"] is True for e in engines))
+    for e in engines:
+        e.set(batch=400.0)
     assert wait_for(lambda: all(e.admin_calls and e.admin_calls[-1][0]["enabled"] is False for e in engines))
     secret = core.read_namespaced_secret("chat-admin", NS)
     token = (secret.string_data or {}).get("token") or __import__("base64").b64decode(secret.data["token"]).decode()

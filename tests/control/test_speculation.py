@@ -27,8 +27,8 @@ def test_speculation_turns_off_past_the_batch_threshold_and_back_on_below_it_aft
     m = threshold_model(model)
     mbs = m.max_batch_for_speculation(alpha_from_acceptance(0.6, 4))
     assert 2 < mbs < 200
-    small = make_window(batch=mbs * 0.5, acceptance=0.6, counterfactual=0.6, k=4)
-    big = make_window(batch=mbs * 2.0, acceptance=0.6, counterfactual=0.6, k=4)
+    small = make_window(rps=0.01, batch=mbs * 0.5, acceptance=0.6, counterfactual=0.6, k=4)
+    big = make_window(rps=0.01, batch=mbs * 2.0, acceptance=0.6, counterfactual=0.6, k=4)
     state = s.SpeculationState(True, m.best_k(mbs * 0.5, alpha_from_acceptance(0.6, 4)), since=0.0)
     decisions, state = feed(m, [small, big], state)
     assert decisions[0].enabled and not decisions[1].enabled and decisions[1].reason == "BatchAboveThreshold"
@@ -44,25 +44,25 @@ def test_speculation_turns_off_past_the_batch_threshold_and_back_on_below_it_aft
 def test_hysteresis_keeps_the_state_near_the_threshold(model, make_window):
     m = threshold_model(model)
     mbs = m.max_batch_for_speculation(alpha_from_acceptance(0.6, 4))
-    near = [make_window(batch=mbs * f, acceptance=0.6, counterfactual=0.6) for f in (1.05, 0.95, 1.1, 0.9)]
+    near = [make_window(rps=0.01, batch=mbs * f, acceptance=0.6, counterfactual=0.6) for f in (1.05, 0.95, 1.1, 0.9)]
     on, _ = feed(m, near, s.SpeculationState(True, 2, since=0.0))
     off, _ = feed(m, near, s.SpeculationState(False, 2, since=0.0))
     assert all(d.enabled for d in on) and not any(d.enabled for d in off)
 
 
 def test_low_acceptance_turns_speculation_off(model, make_window):
-    d, _ = feed(model, [make_window(batch=8, acceptance=0.1, k=4)], s.SpeculationState(True, 4, since=0.0))
+    d, _ = feed(model, [make_window(rps=4.0, batch=8, acceptance=0.1, k=4)], s.SpeculationState(True, 4, since=0.0))
     assert not d[0].enabled and d[0].reason == "LowAcceptance"
 
 
 def test_counterfactual_acceptance_turns_it_back_on(model, make_window):
-    w = make_window(batch=8, acceptance=None, counterfactual=0.7, k=4)
+    w = make_window(rps=4.0, batch=8, acceptance=None, counterfactual=0.7, k=4)
     d, st = feed(model, [w], s.SpeculationState(False, 4, since=0.0))
     assert d[0].enabled and d[0].reason == "SpeculationPays" and st.k >= 1
 
 
 def test_without_counterfactual_evidence_it_reprobes_after_a_while(model, make_window):
-    w = make_window(batch=8, acceptance=None, counterfactual=None)
+    w = make_window(rps=4.0, batch=8, acceptance=None, counterfactual=None)
     d, _ = feed(model, [w], s.SpeculationState(False, 4, since=900.0))
     assert not d[0].enabled and d[0].reason == "NoAcceptanceEvidence"
     d, st = feed(model, [w], s.SpeculationState(False, 4, since=0.0))
@@ -79,3 +79,40 @@ def test_mode_off_never_enables(model, make_window):
     d, _ = feed(model, [make_window(counterfactual=0.9)], s.SpeculationState(False, 4, since=0.0),
                 policy=replace(POLICY, mode="off"))
     assert not d[0].enabled
+
+
+def test_speculation_goes_off_when_it_costs_replicas_and_shallower_first(model, make_window):
+    """Draft tokens to verify take prompt budget on this prefill-bound service: at a load the replicas
+    it needs without speculation carry only without it, k steps down to what is free, else off."""
+    u = POLICY.utilization
+    off = model.replica_rps(u)
+    a = alpha_from_acceptance(0.6, 4)
+    between = 2 * (model.replica_rps(u, a, 4) + model.replica_rps(u, a, 1)) / 2     # k=1 fits, k=4 not
+    d, st = feed(model, [make_window(rps=between, pods=2, batch=30, acceptance=0.6, k=4)],
+                 s.SpeculationState(True, 4, since=0.0))
+    assert d[0].enabled and d[0].reason == "DepthRetuned" and 1 <= st.k < 4
+    d, st = feed(model, [make_window(rps=2 * off, pods=2, batch=30, acceptance=0.6, k=st.k)],
+                 replace(st, since=0.0))
+    assert not d[0].enabled and d[0].reason == "CostsReplicas" and "replicas" in d[0].message
+    # Off, the counterfactual acceptance is high but the load still needs every replica: it stays off.
+    busy = make_window(rps=2 * off, pods=2, batch=30, acceptance=None, counterfactual=0.8, k=4)
+    d, _ = feed(model, [busy], replace(st, since=0.0))
+    assert not d[0].enabled and d[0].reason == "CostsReplicas"
+
+
+def test_a_declared_floor_makes_speculation_free(model, make_window):
+    """With minReplicas above what the load needs, the spare capacity pays for the draft tokens."""
+    off = model.replica_rps(POLICY.utilization)
+    busy = make_window(rps=2 * off, pods=6, batch=30, acceptance=None, counterfactual=0.8, k=4)
+    d, _ = feed(model, [busy], s.SpeculationState(False, 4, since=0.0), policy=replace(POLICY, min_replicas=6))
+    assert d[0].enabled and d[0].reason == "SpeculationPays"
+
+
+def test_a_surge_turns_costly_speculation_off_at_once_past_the_dwell(model, make_window):
+    off = model.replica_rps(POLICY.utilization)
+    surge = make_window(rps=3 * off, pods=2, batch=30, acceptance=0.6, k=4, seconds=5.0)
+    d, st = s.on_surge(surge, model, POLICY, s.SpeculationState(True, 4, since=995.0), 1000.0)
+    assert d is not None and not d.enabled and d.reason == "SurgeCostsReplicas" and not st.enabled
+    calm = make_window(rps=1.0, pods=2, batch=4, acceptance=0.6, k=4, seconds=5.0)
+    assert s.on_surge(calm, model, POLICY, s.SpeculationState(True, 4), 1000.0)[0] is None
+    assert s.on_surge(surge, model, POLICY, s.SpeculationState(False, 4), 1000.0)[0] is None

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import aiohttp
+from aiohttp import web
+
 from specfleet.cluster.gateway import AFFINITY_SLACK, Endpoint, Gateway, Route, prefix_key, routes_from
 from specfleet.cluster.node_agent import controller as ctl
 from specfleet.cluster.node_agent import volumes as vol
+from testkit import free_port
 
 
 def test_rolling_update_surges_one_new_pod_then_retires_old_ones_only_when_new_ones_are_ready():
@@ -84,3 +88,36 @@ def test_routes_follow_the_service_selector_and_only_ready_pods():
 
     routes = routes_from([isvc], [service], [pod("p", True), pod("pp", False), pod("ppp", True, {"app": "x"})])
     assert [e.url for e in routes["m"].endpoints] == ["http://127.0.0.1:9001"]
+
+
+def test_the_pod_with_the_shortest_prefill_queue_wins_over_the_least_outstanding():
+    """A pod that just became ready holds nothing, but once prompts queue there for prefill the
+    others (busy decoding, nothing waiting) take the next requests."""
+    g = _gateway("busy", "new")
+    g.outstanding = {"busy": 40, "new": 3}
+    g.waiting = {"busy": 0.0, "new": 3.0}
+    assert g.pick("m", None, set()).url == "busy"
+    g.waiting = {"busy": 0.0, "new": 0.0}
+    assert g.pick("m", None, set()).url == "new"
+    g.sent = {"new": 2}                                  # sent since the last poll: likely still waiting
+    assert g.pick("m", None, set()).url == "busy"
+
+
+async def test_the_queue_poll_reads_the_engine_s_waiting_gauge_and_unknown_is_not_zero():
+    exposition = ('# TYPE vllm:num_requests_waiting gauge\n'
+                  'vllm:num_requests_waiting{model_name="m"} 4.0\nvllm:num_requests_running{model_name="m"} 9.0\n')
+    app = web.Application()
+    app.router.add_get("/metrics", lambda _r: web.Response(text=exposition))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    g, url, dead = Gateway("http://unused"), f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}"
+    g.session = aiohttp.ClientSession()
+    try:
+        g.sent = {url: 3, dead: 2}
+        assert await g._waiting_of(url) == 4.0 and url not in g.sent       # the engine counts those now
+        assert await g._waiting_of(dead) is None and g.sent[dead] == 2      # unreadable: keep our own count
+    finally:
+        await g.session.close()
+        await runner.cleanup()

@@ -175,12 +175,13 @@ def test_printer_columns_show_engine_and_conditions(cluster, operator):
 
 
 def test_ready_replicas_flow_into_status(cluster, operator):
+    planned = planner.plan(api.parse_spec(example("chat")["spec"]), catalogs.gpus(), catalogs.models()).replicas
     cluster.kubectl("patch", "deployment", "chat", "-n", NS, "--subresource=status", "--type=merge",
-                    "-p", json.dumps({"status": {"replicas": 1, "readyReplicas": 1}}))
-    svc = wait_for(lambda: (s := cluster.service("chat"))["status"].get("readyReplicas") == 1 and s)
-    assert condition(svc, "Ready")["status"] == "True" and svc["status"]["replicas"] == 1
+                    "-p", json.dumps({"status": {"replicas": planned, "readyReplicas": planned}}))
+    svc = wait_for(lambda: (s := cluster.service("chat"))["status"].get("readyReplicas") == planned and s)
+    assert condition(svc, "Ready")["status"] == "True" and svc["status"]["replicas"] == planned
     scale = cluster.custom.get_namespaced_custom_object_scale(api.GROUP, api.VERSION, NS, api.PLURAL, "chat")
-    assert scale["status"]["replicas"] == 1
+    assert scale["status"]["replicas"] == planned
 
 
 def test_editing_the_slo_changes_args_and_status(cluster, operator):

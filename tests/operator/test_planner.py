@@ -89,6 +89,22 @@ def test_replicas_cover_the_declared_load_within_max(make_spec, gpus, models):
     assert heavy.replicas == 3 and any("maxReplicas" in w for w in heavy.warnings)
 
 
+def test_a_prefill_bound_service_gets_the_replicas_the_autoscaler_would_ask_for(gpus, models):
+    """1000-token prompts, 300-token answers: slots alone (Little's law) would give 8 replicas for
+    240 req/s; the prefill rate at the autoscaler's utilization (what it sizes by) needs more."""
+    from specfleet.operator import api
+    from specfleet.operator.control.calibration import service_model
+    from specfleet.operator.simulator import scenarios
+
+    doc = {**scenarios.SERVICE, "slo": {**scenarios.SERVICE["slo"], "requestsPerSecond": 240}}
+    spec = api.parse_spec(doc)
+    plan = planner.plan(spec, gpus, models)
+    from specfleet.operator.control.autoscaler import ScalingPolicy
+
+    per = service_model(spec, plan, gpus, models).replica_rps(ScalingPolicy.target_utilization)
+    assert plan.replicas == -(-240 // per) and plan.replicas > 8 and not plan.warnings
+
+
 def test_fixed_replicas_win_over_the_load(make_spec, gpus, models):
     assert planner.plan(make_spec(replicas=5), gpus, models).replicas == 5
 

@@ -85,10 +85,19 @@ def decide(window: Window | None, model: ServiceModel, policy: SpeculationPolicy
     alpha = _alpha(window, state)
     if policy.mode == "on":
         return _forced_on(model, policy, state, batch_per_pod, alpha, now)
-    load = _Load(arrivals_of(window), window.pods_scraped)
+    load = _Load(_admitted(window), window.pods_scraped)
     if state.enabled:
         return _while_on(model, policy, state, batch_per_pod, alpha, now, load)
     return _while_off(model, policy, state, batch_per_pod, alpha, now, load)
+
+
+def _admitted(window: Window) -> float | None:
+    """Requests/s the engines took in: first tokens plus the growth of their waiting queues. Unlike the
+    autoscaler's conservation estimate it ignores the running count, which a switch of speculation
+    itself moves (requests finish faster or slower), so a switch cannot argue for the next one."""
+    if window.requests_per_second is None:
+        return arrivals_of(window)
+    return window.requests_per_second + max(0.0, window.queue_growth_per_second or 0.0)
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPoli
     if not state.enabled or policy.mode != "auto" or window is None or not window.complete:
         return None, state
     alpha = _alpha(window, state)
-    costly = _costs_replicas(model, policy, _Load(arrivals_of(window), window.pods_scraped),
+    costly = _costs_replicas(model, policy, _Load(_admitted(window), window.pods_scraped),
                              policy.min_acceptance if alpha is None else alpha, state.k)
     if not costly:
         return None, state
@@ -132,7 +141,11 @@ def _costs_replicas(model: ServiceModel, policy: SpeculationPolicy, load: _Load 
     if policy.fixed_replicas and load.serving > 0:
         needed = max(needed, load.serving)      # nothing scales down: the fleet there is is the fleet
     replicas = min(needed, load.serving) if load.serving > 0 else needed
-    if load.rps * (1 + margin) <= replicas * on:
+    # Turning on (margin > 0) also wants the load clear of the point where one replica fewer would do
+    # without speculation; else a load hovering there would switch it on and off as the count flips.
+    shrinks = (margin > 0 and not policy.fixed_replicas and needed > policy.min_replicas
+               and load.rps / (1 + margin) <= (needed - 1) * off)
+    if load.rps * (1 + margin) <= replicas * on and not shrinks:
         return ""
     return (f"{load.rps:.1f} req/s on {replicas} replicas: with k={k} a replica carries {on:.1f} req/s instead of "
             f"{off:.1f} without speculation (draft tokens to verify take prompt budget); {needed} needed without")

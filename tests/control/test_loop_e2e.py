@@ -125,7 +125,7 @@ def test_a_batch_heavy_phase_turns_speculation_off_on_every_pod(fleet):
     engines, apps, core, custom = fleet
     # Light load first: the raised load above made speculation cost replicas (off); here it is free again.
     for e in engines:
-        e.set(rps=0.2, ttft=0.3, waiting=0.0, batch=2.0, acceptance=0.7)
+        e.set(rps=0.05, ttft=0.3, waiting=0.0, batch=2.0, acceptance=0.7)      # one replica's worth, well within
     assert wait_for(lambda: all(e.admin_calls and e.admin_calls[-1][0]["enabled"] is True for e in engines))
     for e in engines:
         e.set(batch=400.0)

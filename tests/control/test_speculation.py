@@ -116,3 +116,13 @@ def test_a_surge_turns_costly_speculation_off_at_once_past_the_dwell(model, make
     calm = make_window(rps=1.0, pods=2, batch=4, acceptance=0.6, k=4, seconds=5.0)
     assert s.on_surge(calm, model, POLICY, s.SpeculationState(True, 4), 1000.0)[0] is None
     assert s.on_surge(surge, model, POLICY, s.SpeculationState(False, 4), 1000.0)[0] is None
+
+
+def test_a_load_near_one_replica_fewer_does_not_switch_speculation_back_on(model, make_window):
+    """Just above what 3 replicas carry without speculation, 4 are needed and would carry it with
+    speculation too; but a small dip would make 3 enough without it (and too few with it), so off
+    stays off instead of flapping with the replica count."""
+    off = model.replica_rps(POLICY.utilization)
+    edge = make_window(rps=3.02 * off, pods=4, batch=30, acceptance=None, counterfactual=0.8, k=4)
+    d, _ = feed(model, [edge], s.SpeculationState(False, 4, since=0.0))
+    assert not d[0].enabled and d[0].reason == "CostsReplicas"

@@ -98,7 +98,7 @@ def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog) -> 
     if not sized:
         return results[-1] if results else _no_tp(spec, arch, gpu)
     best = max(sized, key=lambda s: (_throughput(s) / s.tp, -s.tp))
-    return _finish(spec, gpu, best, draft)
+    return _sized_like_the_autoscaler(spec, _finish(spec, gpu, best, draft), gpus, models)
 
 
 def model_shape(arch: Architecture, dtype: str) -> pm.ModelShape:
@@ -222,26 +222,26 @@ def _finish(spec: InferenceServiceSpec, gpu: Gpu, s: _Sizing, draft_shape) -> Pl
                          f"above the {slo.itl_p99_ms:g} ms ITL target",)
     k_at_max = spec_plan.k if spec_plan.enabled and s.batch <= mbs else 0
     tps = pm.goodput(s.shape, s.cal, s.batch, s.ctx, sp.min_acceptance_rate, k_at_max, draft)
-    plan = Plan(accelerator=gpu.name, gpu_resource=gpu.resource, gpus_per_replica=s.tp, tensor_parallel_size=s.tp,
+    return Plan(accelerator=gpu.name, gpu_resource=gpu.resource, gpus_per_replica=s.tp, tensor_parallel_size=s.tp,
                 block_size=BLOCK_SIZE, kv_cache_blocks=s.blocks, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
                 max_num_seqs=s.batch, max_num_batched_tokens=s.chunk, speculation=spec_plan,
                 predicted=Prediction(round(ttft_s * 1000, 1), round(itl_s * 1000, 1), round(tps, 1), mbs),
                 replicas=replicas, weights_bytes=pm.weights_bytes(s.shape),
                 kv_bytes_per_token=pm.kv_bytes_per_token(s.shape), warnings=warnings)
-    return _sized_like_the_autoscaler(spec, plan, s, gpu)
 
 
-def _sized_like_the_autoscaler(spec: InferenceServiceSpec, plan: Plan, s: _Sizing, gpu: Gpu) -> Plan:
+def _sized_like_the_autoscaler(spec: InferenceServiceSpec, plan: Plan, gpus: GpuCatalog,
+                               models: ModelCatalog) -> Plan:
     """The plan with its replicas for the declared load counted as the autoscaler counts them: requests/s
     per replica at its target utilization, by slots and by prefill rate (with or without speculation,
     whichever carries more: the speculation controller keeps it only where it is free)."""
     from specfleet.operator.control.autoscaler import ScalingPolicy
-    from specfleet.operator.control.calibration import ServiceModel
+    from specfleet.operator.control.calibration import service_model
 
     slo, sp = spec.slo, spec.speculation
-    model = ServiceModel(shape=s.shape, cal=s.cal, prior=s.cal, ctx=s.ctx, prompt_tokens=slo.prompt_tokens,
-                         output_tokens=slo.output_tokens, ttft_s=slo.ttft_p99_ms / 1000, itl_s=slo.itl_p99_ms / 1000,
-                         max_num_seqs=s.batch, chunk=s.chunk, max_k=sp.max_speculative_tokens, min_acceptance=0.0)
+    model = service_model(spec, plan, gpus, models)
+    if model is None:
+        return plan
     u = ScalingPolicy.target_utilization
     per = model.replica_rps(u)
     if plan.speculation.enabled:

@@ -121,13 +121,17 @@ def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s"
                  startup: Optional[float] = typer.Option(None, help="Pod start-up seconds (default 30)."),
                  min_replicas: Optional[int] = typer.Option(None, "--min-replicas",
                                                             help="Declare another autoscaling.minReplicas."),
+                 scale_down: Optional[int] = typer.Option(None, "--scale-down-stabilization",
+                                                          help="Declare another autoscaling."
+                                                               "scaleDownStabilizationSeconds (default 300)."),
                  queue_policy: Optional[str] = typer.Option(None, "--queue-policy",
                                                             help="Engine queue order, fifo | deadline "
                                                                  "(default: deadline for ours, fifo for peers)."),
                  knob: Optional[list[str]] = typer.Option(None, "--knob",
                                                           help="KEY=VALUE, a peer baseline's setting (repeatable): "
                                                                "inflight-target target_fraction (of maxNumSeqs, "
-                                                               "default 0.7); saturation kv_target, queue_target."),
+                                                               "default 0.7), scale_down_delay_s (default 30); "
+                                                               "saturation kv_target, queue_target, down_s."),
                  json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result (with the series)."),
                  plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of replicas, load, latency "
                                                                           "(needs matplotlib).")) -> None:
@@ -140,7 +144,8 @@ def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s"
         raise typer.BadParameter("give --scenario NAME or --trace FILE")
     try:
         sc = scenarios.get(scenario) if scenario else scenarios.from_trace(trace)
-        sc = scenarios.adjusted(sc, duration=duration, load=load, startup_s=startup, min_replicas=min_replicas)
+        sc = scenarios.adjusted(sc, duration=duration, load=load, startup_s=startup, min_replicas=min_replicas,
+                                  scale_down_s=scale_down)
         knobs = _knobs(knob or [])
         result = run.simulate(sc, policy, seed=seed, fixed_replicas=replicas, queue_policy=queue_policy,
                               knobs=knobs or None)

@@ -232,9 +232,11 @@ def _finish(spec: InferenceServiceSpec, gpu: Gpu, s: _Sizing, draft_shape) -> Pl
 
 def _sized_like_the_autoscaler(spec: InferenceServiceSpec, plan: Plan, gpus: GpuCatalog,
                                models: ModelCatalog) -> Plan:
-    """The plan with its replicas for the declared load counted as the autoscaler counts them: requests/s
-    per replica at its target utilization, by slots and by prefill rate (with or without speculation,
-    whichever carries more: the speculation controller keeps it only where it is free)."""
+    """The plan with its replicas for the declared load counted as the autoscaler counts them (requests/s
+    per replica at its target utilization, by slots and by prefill rate) and speculation where the
+    speculation controller would keep it: on, at the deepest k that costs no replicas at the declared
+    load (draft tokens to verify take prompt budget), else off until the controller sees it pay."""
+    from specfleet.operator.control import speculation
     from specfleet.operator.control.autoscaler import ScalingPolicy
     from specfleet.operator.control.calibration import service_model
 
@@ -242,6 +244,12 @@ def _sized_like_the_autoscaler(spec: InferenceServiceSpec, plan: Plan, gpus: Gpu
     model = service_model(spec, plan, gpus, models)
     if model is None:
         return plan
+    if plan.speculation.enabled and sp.mode == "auto":
+        policy = speculation.SpeculationPolicy.from_spec(sp, spec.runtime.engine, spec.autoscaling,
+                                                         fixed_replicas=spec.replicas is not None)
+        k = speculation.free_k(model, policy, slo.requests_per_second, sp.min_acceptance_rate, plan.speculation.k,
+                               serving=spec.replicas or 0)
+        plan = replace(plan, speculation=replace(plan.speculation, enabled=k >= 1, k=k or plan.speculation.k))
     u = ScalingPolicy.target_utilization
     per = model.replica_rps(u)
     if plan.speculation.enabled:

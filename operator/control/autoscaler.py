@@ -111,14 +111,15 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
     jump = slope * window.seconds
     floor = 0.0 if state.last_rps is None else state.last_rps / window.seconds   # Poisson counting noise
     significant = jump > policy.jump_sigmas * math.sqrt(2 * max(state.noise, floor))
-    short = bool(_violation(window, model)) or _growing(window)
+    growing = _growing(window, model, k)
+    short = bool(_violation(window, model)) or growing
     rising = significant and (state.last_slope > 0 or short)
     state = replace(state, last_rps=arrivals, last_time=now, last_seconds=window.seconds, last_slope=slope,
                     last_rising=rising, noise=noise, last_inflight=_inflight(window))
     output = window.output_tokens_per_request
     per_replica = model.replica_rps(policy.target_utilization, alpha, k, output)
     full = model.replica_rps(1.0, alpha, k, output)     # what a replica carries at its SLO batch
-    headroom = min(policy.headroom_z * math.sqrt(noise), policy.headroom_cap * arrivals)
+    headroom = _headroom(noise, arrivals, policy)
     demand = _demand(window, policy, arrivals) + headroom
     steady = _replicas(arrivals + headroom, per_replica, policy)
     need = _replicas(demand, per_replica, policy)
@@ -144,7 +145,7 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
             load = (f"arrivals {arrivals:.1f} req/s rising {slope:.2f} req/s per s; "
                     f"{per_replica:.2f} req/s per replica at the SLO")
     if need > current:
-        return _up(window, policy, state, current, need, ahead, now, violation, load, rising and slope > 0)
+        return _up(policy, state, current, need, ahead, now, violation, load, growing, rising and slope > 0)
     if need < current:
         return _down(window, model, policy, state, current, need, now, demand, alpha, k, output, load)
     return ScaleDecision(current, current, "Stable", load, need), state
@@ -165,7 +166,7 @@ def detect(window: Window | None, model: ServiceModel, current: int, policy: Sca
     output = window.output_tokens_per_request
     surge = model.replica_rps(policy.surge_utilization, alpha, k, output)
     full = model.replica_rps(1.0, alpha, k, output)
-    headroom = min(policy.headroom_z * math.sqrt(state.noise), policy.headroom_cap * arrivals)
+    headroom = _headroom(state.noise, arrivals, policy)
     serving = current if ready is None else ready + (current - ready) / 2
     near = replace(policy, lookahead_s=policy.startup_s + policy.detect_interval_s)   # the next look is that near
     need = _ahead(window, near, arrivals, slope, headroom, surge, full, serving)
@@ -197,6 +198,17 @@ def _surge(window: Window | None, state: AutoscalerState, policy: ScalingPolicy)
     if arrivals - base <= policy.jump_sigmas * deviation or since <= 0:
         return None
     return arrivals, (arrivals - base) / since
+
+
+def headroom(window: Window | None, state: AutoscalerState, policy: ScalingPolicy) -> float:
+    """Requests/s the autoscaler provisions above the window's arrivals for their noise (0 when unknown):
+    what another controller adds to the load to size as this one does."""
+    arrivals = arrivals_of(window) if window is not None and window.complete else None
+    return 0.0 if arrivals is None else _headroom(state.noise, arrivals, policy)
+
+
+def _headroom(noise: float, arrivals: float, policy: ScalingPolicy) -> float:
+    return min(policy.headroom_z * math.sqrt(noise), policy.headroom_cap * arrivals)
 
 
 def arrivals_of(window: Window) -> float | None:
@@ -303,12 +315,19 @@ def _violation(window: Window, model: ServiceModel) -> str:
     return ""
 
 
-def _growing(window: Window) -> bool:
-    return (window.queue_growth_per_second or 0.0) > 0 and window.queue_depth > max(1.0, window.pods_scraped)
+def _backlogged(window: Window, model: ServiceModel, k: int = 0) -> bool:
+    """More prompts waiting than the pods prefill in half the TTFT budget: a backlog, not the few that
+    Poisson arrivals keep waiting at a busy prefill (vllm:num_requests_waiting is rarely 0 under load)."""
+    allowance = model.queue_allowance(window.batch_size_mean or 1.0, k)
+    return window.queue_depth > max(1, window.pods_scraped) * max(1.0, allowance / 2)
 
 
-def _up(window, policy, state, current, need, ahead, now, violation, load, rising=False):
-    fast = "SLOViolation" if violation and need > current else ("QueueGrowing" if _growing(window) else
+def _growing(window: Window, model: ServiceModel, k: int = 0) -> bool:
+    return (window.queue_growth_per_second or 0.0) > 0 and _backlogged(window, model, k)
+
+
+def _up(policy, state, current, need, ahead, now, violation, load, growing, rising=False):
+    fast = "SLOViolation" if violation and need > current else ("QueueGrowing" if growing else
                                              ("LoadJump" if need >= 1.5 * current else
                                               ("LoadRising" if rising and ahead > current else "")))
     factor = policy.fast_up_factor if fast else policy.max_up_factor
@@ -333,7 +352,7 @@ def _down(window, model, policy, state, current, need, now, demand, alpha, k, ou
     if now - state.last_up < min(span, policy.down_cooldown_s) or state.history[0][0] > now - span + 1e-6:
         return ScaleDecision(current, current, "Stabilizing", f"need {need}; waiting out the {span:g} s "
                              f"scale-down window; {load}", need), state
-    if window.queue_depth > 0 or _violation(window, model):
+    if _backlogged(window, model, k) or _violation(window, model):
         return ScaleDecision(current, current, "Stable", f"queue {window.queue_depth:g}; not scaling down",
                              need), state
     target = max(n for t, n in state.history if t >= now - span - 1e-6)

@@ -76,6 +76,13 @@ class ServiceModel:
             return min(cap, 0.05)
         return min(cap, budget / (budget + math.log(100) / 2 * s))
 
+    def queue_allowance(self, batch: float, k: int = 0) -> float:
+        """Prompts one replica prefills within the TTFT target less a prompt's own prefill: a waiting
+        queue longer than this per replica misses the target; a few waiting prompts are just Poisson
+        arrivals at a busy prefill (about p^2 / 2(1 - p) on average at utilization p)."""
+        own = math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * self.mixed_step(batch)
+        return max(0.0, self.ttft_s - own) * self.prefill_rps(batch, k)
+
     def prefill_rps(self, batch: float, k: int = 0) -> float:
         """Prompts/s one replica prefills while decoding `batch` sequences (the token budget's spare room)."""
         return self.prefill_room(batch, k) / self.mixed_step(batch) / self.prompt_tokens

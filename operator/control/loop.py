@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from specfleet.operator import api, catalogs, planner, render
-from specfleet.operator.control import autoscaler, speculation, telemetry
-from specfleet.operator.control.calibration import ServiceModel, alpha_from_acceptance, recalibrate, service_model
+from specfleet.operator.control import autoscaler, joint, speculation, telemetry
+from specfleet.operator.control.calibration import ServiceModel, recalibrate, service_model
 from specfleet.operator.control.window import Scrape, Window, build_window
 from specfleet.operator.metrics_source import scrape_pods, set_speculation
 
@@ -85,17 +85,12 @@ LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
 def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: planner.Plan, st: ServiceLoop,
                 current: int, ready: int, now: float, when: str) -> Step:
     """The pure part of an interval: both policies on one window, and what to report."""
-    model = st.model
-    spec_decision = None
-    if st.speculation is not None:
-        policy = _speculation_policy(spec)
-        spec_decision, st.speculation = speculation.decide(window, model, policy, st.speculation, now)
-    scale = None
-    if spec.replicas is None:
-        on = st.speculation is not None and st.speculation.enabled
-        alpha = _alpha_in_effect(window, st)
-        scale, st.autoscaler = autoscaler.decide(window, model, current, _scaling(spec), st.autoscaler, now,
-                                                 alpha if on else 0.0, st.speculation.k if on else 0, ready)
+    spec_policy = _speculation_policy(spec) if st.speculation is not None else None
+    scaling = _scaling(spec) if spec.replicas is None else None
+    decided, states = joint.interval(window, st.model, current, ready, scaling, spec_policy,
+                                     joint.Controllers(st.autoscaler, st.speculation), now, st.model.min_acceptance)
+    st.autoscaler, st.speculation = states.scaling, states.speculation
+    scale, spec_decision = decided.scale, decided.speculation
     decisions, events = _scale_records(scale, when)
     if spec_decision is not None and spec_decision.changed:
         to = f"on k={spec_decision.k}" if spec_decision.enabled else "off"
@@ -103,7 +98,7 @@ def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: pla
                           "reason": spec_decision.reason})
         events.append(("Normal", "SpeculationOn" if spec_decision.enabled else "SpeculationOff",
                        f"speculation {to} ({spec_decision.reason}): {spec_decision.message}"))
-    return Step(scale, spec_decision, observed(window, model), conditions(window, model, st, spec_decision),
+    return Step(scale, spec_decision, observed(window, st.model), conditions(window, st.model, st, spec_decision),
                 decisions, events)
 
 
@@ -113,20 +108,13 @@ def detect_step(window: Window | None, spec: api.InferenceServiceSpec, st: Servi
     it costs replicas at the surge's load), or None."""
     if spec.replicas is not None:
         return None
-    on = st.speculation is not None and st.speculation.enabled
-    before = st.autoscaler
-    scale, st.autoscaler = autoscaler.detect(window, st.model, current, _scaling(spec), before, now,
-                                             _alpha_in_effect(window, st) if on else 0.0,
-                                             st.speculation.k if on else 0, ready)
+    spec_policy = _speculation_policy(spec) if st.speculation is not None else None
+    decided, states = joint.surge(window, st.model, current, ready, _scaling(spec), spec_policy,
+                                  joint.Controllers(st.autoscaler, st.speculation), now, st.model.min_acceptance)
+    st.autoscaler, st.speculation = states.scaling, states.speculation
+    scale, spec_decision = decided.scale, decided.speculation
     if not scale.changed:
         return None
-    spec_decision = None
-    if on:
-        policy = _speculation_policy(spec)
-        spec_decision, st.speculation = speculation.on_surge(window, st.model, policy, st.speculation, now)
-    if spec_decision is not None:       # speculation off first: the surge is sized without it
-        scale, st.autoscaler = autoscaler.detect(window, st.model, current, _scaling(spec), before, now, 0.0, 0,
-                                                 ready)
     decisions, events = _scale_records(scale, when)
     if spec_decision is not None:
         decisions.append({"time": when, "kind": "speculation", "from": "on", "to": "off",
@@ -155,12 +143,6 @@ def _scale_records(scale: autoscaler.ScaleDecision | None, when: str) -> tuple[l
     event = ("Normal", f"Scale{'Up' if scale.desired > scale.current else 'Down'}",
              f"{scale.current} -> {scale.desired} replicas ({scale.reason}): {scale.message}")
     return [decision], [event]
-
-
-def _alpha_in_effect(window: Window | None, st: ServiceLoop) -> float:
-    if window is None or window.acceptance_rate is None or st.speculation is None:
-        return st.model.min_acceptance
-    return alpha_from_acceptance(window.acceptance_rate, window.num_speculative_tokens or st.speculation.k or 1)
 
 
 def _spec_from(decision: speculation.SpeculationDecision, st: ServiceLoop) -> str:

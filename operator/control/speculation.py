@@ -75,7 +75,9 @@ class SpeculationDecision:
 
 
 def decide(window: Window | None, model: ServiceModel, policy: SpeculationPolicy, state: SpeculationState,
-           now: float) -> tuple[SpeculationDecision, SpeculationState]:
+           now: float, headroom: float = 0.0) -> tuple[SpeculationDecision, SpeculationState]:
+    """`headroom`: requests/s the autoscaler provisions above the arrivals (`autoscaler.headroom`), so
+    that "free in replicas" is judged on the load the replicas are sized for."""
     if policy.mode == "off" or policy.max_k <= 0:
         return _hold(state, "Disabled", "speculation.mode is off"), replace(state, enabled=False)
     batch = window.batch_size_mean if window is not None and window.complete else None
@@ -85,7 +87,7 @@ def decide(window: Window | None, model: ServiceModel, policy: SpeculationPolicy
     alpha = _alpha(window, state)
     if policy.mode == "on":
         return _forced_on(model, policy, state, batch_per_pod, alpha, now)
-    load = _Load(_admitted(window), window.pods_scraped)
+    load = _load(window, headroom)
     if state.enabled:
         return _while_on(model, policy, state, batch_per_pod, alpha, now, load)
     return _while_off(model, policy, state, batch_per_pod, alpha, now, load)
@@ -102,22 +104,35 @@ def _admitted(window: Window) -> float | None:
 
 @dataclass(frozen=True)
 class _Load:
-    rps: float | None            # arrivals of the window
+    rps: float | None            # arrivals of the window plus the autoscaler's headroom
     serving: int                 # pods that served it
 
 
+def _load(window: Window, headroom: float) -> _Load:
+    admitted = _admitted(window)
+    return _Load(None if admitted is None else admitted + headroom, window.pods_scraped)
+
+
 def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPolicy, state: SpeculationState,
-             now: float) -> tuple[SpeculationDecision | None, SpeculationState]:
+             now: float, headroom: float = 0.0) -> tuple[SpeculationDecision | None, SpeculationState]:
     """Between intervals, when a surge was detected: off at once (no dwell) if speculating costs
     replicas at the short window's load; None otherwise (nothing else changes here)."""
     if not state.enabled or policy.mode != "auto" or window is None or not window.complete:
         return None, state
     alpha = _alpha(window, state)
-    costly = _costs_replicas(model, policy, _Load(_admitted(window), window.pods_scraped),
+    costly = _costs_replicas(model, policy, _load(window, headroom),
                              policy.min_acceptance if alpha is None else alpha, state.k)
     if not costly:
         return None, state
     return _switch(state, False, state.k, "SurgeCostsReplicas", f"surge: {costly}", now, alpha, None)
+
+
+def free_k(model: ServiceModel, policy: SpeculationPolicy, rps: float, alpha: float, upto: int,
+           serving: int = 0) -> int:
+    """The deepest k <= `upto` at which speculating costs no replicas for `rps` requests/s (0: none), on
+    `serving` replicas (0: those the load needs) - what the controller would keep; the planner starts
+    there."""
+    return _affordable_k(model, policy, _Load(rps, serving), alpha, upto)
 
 
 def _affordable_k(model: ServiceModel, policy: SpeculationPolicy, load: _Load | None, alpha: float, upto: int,

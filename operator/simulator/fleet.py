@@ -4,20 +4,22 @@ Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the
 length at its current batch (a mixed step while it prefills), so its sequences get dt / T(B, ctx, k+1)
 steps of E[tokens | alpha, k] tokens each, and prompts share what the step's token budget leaves after
 the running sequences' tokens and draft tokens to verify.
-A gateway queue deals requests one at a time to the ready pod with the fewest prompts waiting for
-prefill, then the fewest held (an endpoint picker that reads the engines' queue depth), up to
-`max_num_seqs` each. Every pod keeps the engine's cumulative metrics (vLLM names), and `scrape()`
-hands them to the control loop as `Scrape`s, so the controller sees exactly what it would see from
-real engines.
+The gateway (as `cluster/gateway.py`) hands each request on arrival to the ready pod with the fewest
+prompts waiting for prefill, then the fewest held (an endpoint picker that reads the engines' queue
+depth); it holds requests only while no pod is ready. A request stays with its pod: a backlog built
+before new pods are ready drains where it is, as it does behind a real gateway. Every pod keeps the
+engine's cumulative metrics (vLLM names), and `scrape()` hands them to the control loop as `Scrape`s,
+so the controller sees exactly what it would see from real engines.
 
-A prompt that has not started prefill waits (the engine's waiting queue): it holds no KV cache and
-takes no part in the step, so step time and the prefill budget count started sequences only.
+At a pod, a prompt that has not started prefill waits (the engine's waiting queue): it holds no KV
+cache and takes no part in the step, so step time and the prefill budget count started sequences only,
+and a prompt starts only while fewer than `max_num_seqs` sequences run.
 
-Queue policy, the engine scheduler's order for prompts that have not started prefill (the gateway queue
-stands in for the engines' waiting queues): `fifo` serves them in arrival order; `deadline` first serves,
-in arrival order, those that can still meet their TTFT deadline (arrival + TTFT target) if prefilled
-after the on-time prompts ahead of them at the pod's prefill rate, then the late ones in arrival order.
-Prompts whose prefill has started keep going first either way, and nothing is dropped.
+Queue policy, the engine scheduler's order for prompts that have not started prefill: `fifo` serves
+them in arrival order; `deadline` first serves, in arrival order, those that can still meet their TTFT
+deadline (arrival + TTFT target) if prefilled after the on-time prompts ahead of them at the pod's
+prefill rate, then the late ones in arrival order. Prompts whose prefill has started keep going first
+either way, and nothing is dropped.
 """
 from __future__ import annotations
 
@@ -140,41 +142,24 @@ class Fleet:
             self.queue_out = np.concatenate([self.queue_out, out])
 
     def _admit(self, t0: float) -> None:
+        """Hand every request at the gateway to a ready pod (none wait there while one is ready)."""
         ids = self.ready(t0)
         ids = ids[~self.draining[ids]]
-        if not len(ids) or not len(self.queue_arrival):
+        m = len(self.queue_arrival)
+        if not len(ids) or not m:
             return
         r = self.req
         rep_now = r["rep"].astype(int)
         held = np.bincount(rep_now, minlength=self.n)[ids]
         waiting = np.bincount(rep_now, weights=(r["pleft"] >= self.prompt).astype(float), minlength=self.n)[ids]
-        rep = ids[_deal(waiting.astype(int), held, self.m.max_num_seqs, len(self.queue_arrival))]
-        m = len(rep)
-        if not m:
-            return
-        picked = self._dequeue(t0, m, ids)
-        arrival, out = self.queue_arrival[picked], self.queue_out[picked]
-        kept = np.ones(len(self.queue_arrival), bool)
-        kept[picked] = False
-        self.queue_arrival, self.queue_out = self.queue_arrival[kept], self.queue_out[kept]
+        rep = ids[_deal(waiting.astype(int), held, m)]
+        arrival, out = self.queue_arrival, self.queue_out
+        self.queue_arrival, self.queue_out = np.zeros(0), np.zeros(0)
         new = {"rep": rep.astype(float), "start": np.maximum(arrival, t0), "arrival": arrival,
                "pleft": np.full(m, float(self.prompt)), "oleft": out, "first": np.full(m, np.nan),
                "worst": np.zeros(m), "olen": out}
         self.req = {key: np.concatenate([self.req[key], new[key]]) for key in self.req}
         np.add.at(self.c[w.PROMPT_TOKENS], rep, self.prompt)
-
-    def _dequeue(self, t0: float, m: int, ids: np.ndarray) -> np.ndarray:
-        """Indices of the `m` queued requests handed to the pods `ids` next: the oldest (fifo), or the
-        oldest that can still meet their deadline at the pods' joint prefill rate behind the started
-        prompts, then the oldest late ones (deadline). The queue is in arrival order."""
-        if not self.deadline:
-            return np.arange(m)
-        r = self.req
-        started = r["pleft"][(r["pleft"] > 0) & (r["pleft"] < self.prompt)
-                             & np.isin(r["rep"].astype(int), ids)].sum()
-        rate = float(self._prefill_rate(ids).sum())
-        late = _late(self.queue_arrival + self.m.ttft_s, t0, float(started), rate, self.prompt)
-        return np.r_[np.flatnonzero(~late), np.flatnonzero(late)][:m]
 
     def _prefill_order(self, r, rep: np.ndarray, idx: np.ndarray, t0: float, rate: np.ndarray) -> np.ndarray:
         """Pending prompts per pod in service order: admission order (fifo), or started prefills, then
@@ -199,6 +184,19 @@ class Fleet:
         rank = np.zeros(len(r["rep"]), int)
         rank[waiting] = np.where(late, 2, 1)
         return idx[np.lexsort((r["arrival"][idx], rank[idx], rep[idx]))]
+
+    def _within_slots(self, r, rep: np.ndarray, order: np.ndarray, running: np.ndarray) -> np.ndarray:
+        """`order` (grouped by pod) less the waiting prompts that find no free sequence slot: a prompt
+        starts only while fewer than `max_num_seqs` sequences run at its pod."""
+        fresh = r["pleft"][order] >= self.prompt
+        if not fresh.any():
+            return order
+        pods = rep[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(pods)) + 1]
+        cum = np.cumsum(fresh)
+        rank = cum - np.repeat(np.r_[0, cum][starts], np.diff(np.r_[starts, len(order)]))
+        free = np.maximum(self.m.max_num_seqs - running, 0)
+        return order[~fresh | (rank <= free[pods])]
 
     def _prefill_rate(self, ids: np.ndarray) -> np.ndarray:
         """Prompt tokens/s each pod prefills next to its running sequences (the engine knows its budget
@@ -247,7 +245,9 @@ class Fleet:
         if not len(idx):
             return first_at
         budget = steps * self._room(batch, self.k[:self.n])
-        order = self._prefill_order(r, rep, idx, t0, budget / dt)
+        order = self._within_slots(r, rep, self._prefill_order(r, rep, idx, t0, budget / dt), batch)
+        if not len(order):
+            return first_at
         pods = rep[order]
         left = r["pleft"][order]
         cum = np.cumsum(left)
@@ -328,17 +328,20 @@ class Fleet:
 
     # -- what the control loop sees ------------------------------------------------------------
     def queue_depth(self) -> int:
-        return len(self.queue_arrival)
+        """Requests not yet in prefill: at the gateway and in the pods' waiting queues."""
+        waiting = int(np.sum(self.req["pleft"] >= self.prompt)) if len(self.req["pleft"]) else 0
+        return len(self.queue_arrival) + waiting
 
     def scrape(self, now: float) -> dict[str, w.Scrape]:
         ids = self.ready(now)
-        batch = np.bincount(self.req["rep"].astype(int), minlength=self.n)
+        r = self.req
+        rep = r["rep"].astype(int)
+        running = np.bincount(rep, weights=(r["pleft"] < self.prompt).astype(float), minlength=self.n)
+        waiting = np.bincount(rep, weights=(r["pleft"] >= self.prompt).astype(float), minlength=self.n)
         open_ids = ids[~self.draining[ids]]
-        waiting = self.queue_depth() / max(len(open_ids), 1)
-        out = {}
-        for i in ids:
-            out[f"pod-{i}"] = self._scrape_pod(i, now, batch[i], waiting if i in open_ids else 0.0)
-        return out
+        held_back = len(self.queue_arrival) / max(len(open_ids), 1)    # at the gateway: no pod was ready
+        return {f"pod-{i}": self._scrape_pod(i, now, running[i], waiting[i] + (held_back if i in open_ids else 0.0))
+                for i in ids}
 
     def _scrape_pod(self, i: int, now: float, running: float, waiting: float) -> w.Scrape:
         hists = {w.TTFT: _hist(TTFT_BUCKETS, self.ttft_h[i], self.ttft_sum[i]),
@@ -386,17 +389,16 @@ def _late(deadlines: np.ndarray, now: float, ahead: float, rate: float, prompt: 
     return late
 
 
-def _deal(waiting: np.ndarray, held: np.ndarray, slots: int, m: int) -> np.ndarray:
-    """Pod positions for up to `m` requests, one at a time, each to the pod with the fewest prompts
-    waiting for prefill, then the fewest requests held (an endpoint picker reading the engines' queue
-    depth), while a pod holds fewer than `slots`. A pod that just became ready takes requests only as
-    fast as it starts their prefill instead of all arrivals until it holds as many as the others."""
-    key = [(int(q), int(h), i) for i, (q, h) in enumerate(zip(waiting, held)) if h < slots]
+def _deal(waiting: np.ndarray, held: np.ndarray, m: int) -> np.ndarray:
+    """Pod positions for `m` requests, one at a time, each to the pod with the fewest prompts waiting
+    for prefill, then the fewest requests held (an endpoint picker reading the engines' queue depth).
+    A pod that just became ready takes requests only as fast as it starts their prefill instead of all
+    arrivals until it holds as many as the others."""
+    key = [(int(q), int(h), i) for i, (q, h) in enumerate(zip(waiting, held))]
     heapq.heapify(key)
     out = []
-    while key and len(out) < m:
+    while len(out) < m:
         q, h, i = heapq.heappop(key)
         out.append(i)
-        if h + 1 < slots:
-            heapq.heappush(key, (q + 1, h + 1, i))
+        heapq.heappush(key, (q + 1, h + 1, i))
     return np.array(out, dtype=int)

@@ -13,7 +13,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from specfleet.operator.control import autoscaler, speculation
+from specfleet.operator.control import autoscaler, joint, speculation
 from specfleet.operator.control.calibration import ServiceModel
 from specfleet.operator.control.window import Window
 
@@ -34,12 +34,25 @@ class SpecfleetScaler:
     def detect_interval_s(self) -> float:
         return self.policy.detect_interval_s
 
-    def detect(self, window: Window | None, model: ServiceModel, current: int, now: float, alpha: float, k: int,
-               ready: int | None = None) -> tuple[int, str]:
-        """Surge detection between two decisions (autoscaler.detect): scale-ups only."""
-        decision, self.state = autoscaler.detect(window, model, current, self.policy, self.state, now, alpha, k,
-                                                 ready)
-        return decision.desired, decision.reason
+    def headroom(self, window: Window | None) -> float:
+        return autoscaler.headroom(window, self.state, self.policy)
+
+    def detect(self, window: Window | None, model: ServiceModel, current: int, now: float, speculator,
+               enabled: bool, k: int, fallback_alpha: float, ready: int | None = None
+               ) -> tuple[int, str, tuple[bool, int, str] | None]:
+        """Surge detection between two decisions (joint.surge): a scale-up, and a switch of speculation
+        (enabled, k, reason) when ours controls it and a surge turns it off; else None."""
+        ours = isinstance(speculator, SpecfleetSpeculation)
+        spec_state = speculator.state if ours else speculation.SpeculationState(enabled, k)
+        decided, states = joint.surge(window, model, current, ready, self.policy, speculator.policy if ours else None,
+                                      joint.Controllers(self.state, spec_state), now, fallback_alpha)
+        self.state = states.scaling
+        switched = decided.speculation
+        if ours:
+            speculator.state = states.speculation
+        scale = decided.scale
+        return scale.desired, scale.reason, None if switched is None else (switched.enabled, switched.k,
+                                                                           switched.reason)
 
 
 @dataclass
@@ -51,8 +64,10 @@ class StaticScaler:
         return self.replicas, "Static"
 
 
-# KubeAI's targetRequests as a fraction of the engine's maxNumSeqs (the default baseline's setting).
+# KubeAI's targetRequests as a fraction of the engine's maxNumSeqs (the default baseline's setting), and
+# its default scaleDownDelaySeconds.
 INFLIGHT_TARGET_FRACTION = 0.7
+INFLIGHT_SCALE_DOWN_DELAY_S = 30.0
 
 
 @dataclass
@@ -63,7 +78,7 @@ class InflightScaler:
     min_replicas: int
     max_replicas: int
     average_s: float = 120.0
-    scale_down_delay_s: float = 30.0
+    scale_down_delay_s: float = INFLIGHT_SCALE_DOWN_DELAY_S
     samples: deque = field(default_factory=deque)
     below_since: float | None = None
     name: str = "inflight-target"
@@ -126,13 +141,10 @@ class SpecfleetSpeculation:
     state: speculation.SpeculationState
     name: str = "specfleet"
 
-    def decide(self, window: Window | None, model: ServiceModel, now: float) -> tuple[bool, int, str]:
-        decision, self.state = speculation.decide(window, model, self.policy, self.state, now)
+    def decide(self, window: Window | None, model: ServiceModel, now: float, headroom: float = 0.0
+               ) -> tuple[bool, int, str]:
+        decision, self.state = speculation.decide(window, model, self.policy, self.state, now, headroom)
         return decision.enabled, decision.k, decision.reason
-
-    def on_surge(self, window: Window | None, model: ServiceModel, now: float) -> tuple[bool, int, str] | None:
-        decision, self.state = speculation.on_surge(window, model, self.policy, self.state, now)
-        return None if decision is None else (decision.enabled, decision.k, decision.reason)
 
 
 @dataclass
@@ -141,7 +153,7 @@ class FixedSpeculation:
     k: int
     name: str
 
-    def decide(self, window, model, now) -> tuple[bool, int, str]:
+    def decide(self, window, model, now, headroom=0.0) -> tuple[bool, int, str]:
         return self.enabled, self.k, "Fixed"
 
 
@@ -155,7 +167,7 @@ class BatchTableSpeculation:
     k: int = 4
     name: str = "spec-batch-table"
 
-    def decide(self, window, model, now) -> tuple[bool, int, str]:
+    def decide(self, window, model, now, headroom=0.0) -> tuple[bool, int, str]:
         if window is None or window.batch_size_mean is None:
             return self.enabled, self.k, "MetricsUnavailable"
         k = next((min(k, self.max_k) for bound, k in self.table if window.batch_size_mean <= bound), 0)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 
 from specfleet.operator import catalogs, perfmodel as pm, planner
-from specfleet.operator.control import autoscaler, speculation
+from specfleet.operator.control import autoscaler, joint, speculation
 from specfleet.operator.control.calibration import ServiceModel, recalibrate, service_model
 from specfleet.operator.control.window import build_window
 from specfleet.operator.simulator import policies as P
@@ -109,17 +109,11 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
                 next_detect += detect_s
                 cur = fleet.scrape(t)
                 window, recent = build_window(recent, cur, expected=len(cur)), cur
-                before = getattr(scaler, "state", None)
-                desired, reason = scaler.detect(window, model, len(fleet.alive()), t,
-                                                *_speculating(window, k, enabled, scenario, t), _ready(fleet, t))
-                switched = None
-                if desired > len(fleet.alive()) and hasattr(spec_ctl, "on_surge"):
-                    switched = spec_ctl.on_surge(window, model, t)
-                if switched is not None:        # speculation off first: the surge is sized without it
+                desired, reason, switched = scaler.detect(window, model, len(fleet.alive()), t, spec_ctl, enabled, k,
+                                                          scenario.alpha(t), _ready(fleet, t))
+                if switched is not None:        # a surge turned speculation off; it was sized without it
                     switches, (enabled, k, spec_reason) = switches + 1, switched
                     fleet.set_speculation(enabled, k)
-                    scaler.state = before
-                    desired, reason = scaler.detect(window, model, len(fleet.alive()), t, 0.0, 0, _ready(fleet, t))
                 if _scale(fleet, desired, t, k if enabled else 0):
                     actions += 1
                     series.append(_point(t, scenario, fleet, window, model, enabled, k, reason, spec_reason))
@@ -131,7 +125,8 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
         prev = recent = cur
         if window is not None and window.complete:
             model = recalibrate(model, window.steps, k)
-        on, new_k, spec_reason = spec_ctl.decide(window, model, t)
+        # Ours judge speculation on the load our autoscaler sizes for (joint.interval's order).
+        on, new_k, spec_reason = spec_ctl.decide(window, model, t, getattr(scaler, "headroom", lambda _w: 0.0)(window))
         if (on, new_k if on else 0) != (enabled, k if enabled else 0):
             switches += int(on != enabled)
             enabled, k = on, new_k
@@ -146,9 +141,7 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
 
 def _speculating(window, k: int, enabled: bool, scenario: Scenario, t: float) -> tuple[float, int]:
     """(alpha, k) of the speculation in effect, as the scaler sees it (0, 0 while off)."""
-    if not enabled:
-        return 0.0, 0
-    return (scenario.alpha(t) if window is None or window.acceptance_rate is None else _alpha(window, k)), k
+    return (joint.alpha_in_effect(window, k, scenario.alpha(t)), k) if enabled else (0.0, 0)
 
 
 def _ready(fleet: Fleet, t: float) -> int:
@@ -163,11 +156,6 @@ def _scale(fleet: Fleet, desired: int, t: float, k: int) -> int:
     elif desired < current:
         fleet.remove_pods(current - desired, t)
     return int(desired != current)
-
-
-def _alpha(window, k) -> float:
-    from specfleet.operator.control.calibration import alpha_from_acceptance
-    return alpha_from_acceptance(window.acceptance_rate, window.num_speculative_tokens or k or 1)
 
 
 def _initial_speculation(spec_ctl, spec) -> tuple[bool, int]:

@@ -118,9 +118,11 @@ def from_trace(path: Path, alpha: float = 0.6) -> Scenario:
 
 
 def adjusted(sc: Scenario, duration: float | None = None, load: float = 1.0,
-             startup_s: float | None = None, min_replicas: int | None = None) -> Scenario:
+             startup_s: float | None = None, min_replicas: int | None = None,
+             scale_down_s: int | None = None) -> Scenario:
     """A scenario cut short, with its arrival rate scaled, another pod start-up time, or the service
-    declaring another `autoscaling.minReplicas` (a floor kept as burst headroom)."""
+    declaring another `autoscaling.minReplicas` (a floor kept as burst headroom) or
+    `scaleDownStabilizationSeconds`."""
     from dataclasses import replace
 
     rate = sc.rate if load == 1.0 else (lambda t, f=sc.rate: f(t) * load)
@@ -129,5 +131,8 @@ def adjusted(sc: Scenario, duration: float | None = None, load: float = 1.0,
     if min_replicas is not None:
         service = {**service, "autoscaling": {**service["autoscaling"], "minReplicas": min_replicas}}
         name = f"{name}+minReplicas={min_replicas}"
+    if scale_down_s is not None:
+        service = {**service, "autoscaling": {**service["autoscaling"], "scaleDownStabilizationSeconds": scale_down_s}}
+        name = f"{name}+scaleDown={scale_down_s}s"
     return replace(sc, name=name, rate=rate, duration_s=duration or sc.duration_s, service=service,
                    startup_s=sc.startup_s if startup_s is None else startup_s)

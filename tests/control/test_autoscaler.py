@@ -257,3 +257,22 @@ def test_a_surge_after_a_flat_window_is_measured_from_that_window_s_end(model, m
     assert arrivals == pytest.approx(rps + 20) and slope == pytest.approx(20 / 2.5)
     rising = replace(state, last_rising=True)
     assert a._surge(surge, rising, POLICY)[1] == pytest.approx(20 / 10.0)   # middle of the last window to this one's
+
+
+def test_a_few_prompts_waiting_at_a_busy_prefill_are_not_a_backlog(model, make_window):
+    """vllm:num_requests_waiting is rarely 0 on a busy prefill-bound replica (Poisson arrivals queue
+    for a moment): a few waiting per pod neither fast-tracks a scale-up nor blocks a scale-down; a
+    queue the pods cannot prefill within half the TTFT budget does both."""
+    allowance = model.queue_allowance(40.0)
+    assert allowance > 4                          # the mean M/D/1 queue at 90% prefill is ~4
+    settled = a.AutoscalerState(history=((0.0, 1),), last_up=-1e9)
+    few = make_window(rps=0.5 * per_replica(model), queue=3 * 2, growth=0.2, pods=2, batch=40.0)
+    d, _ = a.decide(few, model, 2, POLICY, settled, 400.0)
+    assert d.reason == "LoadDecrease" and d.desired == 1
+    many = replace(few, queue_depth=2 * allowance)
+    d, _ = a.decide(many, model, 2, POLICY, settled, 400.0)
+    assert d.desired == 2 and "queue" in d.message
+    rising = make_window(rps=2.2 * per_replica(model), queue=2 * allowance, growth=2.0, pods=2, batch=40.0)
+    assert a.decide(rising, model, 2, POLICY, a.AutoscalerState(), 15.0)[0].reason == "QueueGrowing"
+    calm = replace(rising, queue_depth=6)
+    assert a.decide(calm, model, 2, POLICY, a.AutoscalerState(), 15.0)[0].reason != "QueueGrowing"

@@ -117,8 +117,26 @@ def test_a_pod_that_just_became_ready_is_not_handed_every_arrival():
     fleet._admit(0.5)
     dealt = np.bincount(fleet.req["rep"][70:].astype(int), minlength=2)
     assert dealt.tolist() == [20, 20]
-    assert F._deal(np.array([0, 0]), np.array([70, 0]), 251, 40).tolist()[:3] == [1, 0, 1]
-    assert len(F._deal(np.array([0, 0]), np.array([250, 251]), 251, 40)) == 1        # slots are a bound
+    assert F._deal(np.array([0, 0]), np.array([70, 0]), 40).tolist()[:3] == [1, 0, 1]
+
+
+def test_a_full_pod_starts_no_prompt_and_its_backlog_stays_with_it():
+    """Requests are dealt on arrival and stay where they were dealt (as behind cluster/gateway.py): a
+    pod running max_num_seqs sequences starts none of its waiting prompts, one slot short it starts
+    one, and a pod that becomes ready later takes only what arrives after."""
+    full, short = _fleet(1), _fleet(1)
+    slots = full.m.max_num_seqs
+    _hold(full, slots, 5)
+    _hold(short, slots - 1, 5)
+    for fleet in (full, short):
+        fleet._advance(0.0, 0.1, 0.6)
+    assert (full.req["pleft"][slots:] == full.prompt).all()
+    assert int((short.req["pleft"][slots - 1:] < short.prompt).sum()) == 1
+    full.add_pods(1, 0.1, 0, ready_now=True)
+    full.queue_arrival, full.queue_out = np.array([0.15, 0.16]), np.full(2, 300.0)
+    full._admit(0.2)
+    assert full.req["rep"][-2:].tolist() == [1, 1] and (full.req["rep"][:slots + 5] == 0).all()
+    assert full.queue_depth() == 7 and len(full.queue_arrival) == 0
 
 
 def test_late_prompts_step_aside_for_those_that_can_still_make_their_deadline():
@@ -145,13 +163,14 @@ def test_acceptance_drift_turns_speculation_off():
 def test_the_cli_writes_json_and_a_plot(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     args = [str(BIN / "specfleet"), "simulate", "--scenario", "diurnal", "--policy", "static-peak",
-            "--duration", "120", "--json", str(out)]
+            "--duration", "120", "--min-replicas", "2", "--scale-down-stabilization", "30", "--json", str(out)]
     if _has_matplotlib():
         args += ["--plot", str(png)]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert KEYS <= set(result) and result["policy"] == "static-peak" and result["series"]
+    assert result["scenario"] == "diurnal+minReplicas=2+scaleDown=30s"
     assert not _has_matplotlib() or png.stat().st_size > 1000
 
 

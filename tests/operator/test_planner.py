@@ -105,6 +105,26 @@ def test_a_prefill_bound_service_gets_the_replicas_the_autoscaler_would_ask_for(
     assert plan.replicas == -(-240 // per) and plan.replicas > 8 and not plan.warnings
 
 
+def test_speculation_starts_where_the_controller_would_keep_it(gpus, models):
+    """On a prefill-bound service draft tokens take prompt budget: at 240 req/s speculating would cost
+    replicas, so the plan starts with it off (k kept for later); at 10 req/s one replica has room to
+    spare and it starts on."""
+    from specfleet.operator import api
+    from specfleet.operator.control.calibration import service_model
+    from specfleet.operator.simulator import scenarios
+
+    def at(rps):
+        spec = api.parse_spec({**scenarios.SERVICE, "slo": {**scenarios.SERVICE["slo"], "requestsPerSecond": rps}})
+        return spec, planner.plan(spec, gpus, models)
+
+    spec, busy = at(240)
+    model = service_model(spec, busy, gpus, models)
+    assert model.replica_rps(0.9, 0.5, max(busy.speculation.k, 1)) < model.replica_rps(0.9)
+    assert not busy.speculation.enabled and busy.speculation.method == "ngram" and busy.speculation.k >= 1
+    _, light = at(10)
+    assert light.speculation.enabled and light.replicas == 1
+
+
 def test_fixed_replicas_win_over_the_load(make_spec, gpus, models):
     assert planner.plan(make_spec(replicas=5), gpus, models).replicas == 5
 

@@ -8,8 +8,8 @@
 
 Faster up than down: a scale-up is immediate on an SLO violation, a growing queue, a jump of half the
 fleet or more, or a trend (a rise out of the noise seen twice, or once while the fleet is short), which
-provisions for the load one start-up delay ahead plus the backlog built until new pods serve, sized
-at `surge_utilization` of the SLO batch (the fast path), otherwise it waits for the recommendation to
+provisions for the load one start-up delay ahead (not for the backlog built meanwhile: it stays with
+the pods it was handed to), sized at `surge_utilization` of the SLO batch (the fast path), otherwise it waits for the recommendation to
 persist over `scale_up_stabilization_s` (the smallest recommendation in that window wins). A scale-down takes the
 largest recommendation of the last `scale_down_stabilization_s`, only once `down_cooldown_s` has passed
 since the last scale-up, and only when the smaller fleet is predicted to hold the SLO. Steps are bounded
@@ -43,7 +43,7 @@ class ScalingPolicy:
     fast_up_factor: float = 4.0         # bound of a fast-path step
     lookahead_s: float = 45.0           # a fast-path step provisions for the load this far ahead
                                         # (pod start-up + one interval: when new pods can first serve)
-    startup_s: float = 30.0             # pod creation -> ready, for the backlog the fleet builds meanwhile
+    startup_s: float = 30.0             # pod creation -> ready: the look-ahead of a detected surge
     max_growth: float = 3.0             # the prediction adds at most this many times the observed arrivals
     headroom_z: float = 1.0             # provision this many standard deviations of arrival noise
     headroom_cap: float = 0.25          # ... but at most this share of the arrivals
@@ -118,7 +118,6 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
                     last_rising=rising, noise=noise, last_inflight=_inflight(window))
     output = window.output_tokens_per_request
     per_replica = model.replica_rps(policy.target_utilization, alpha, k, output)
-    full = model.replica_rps(1.0, alpha, k, output)     # what a replica carries at its SLO batch
     headroom = _headroom(noise, arrivals, policy)
     demand = _demand(window, policy, arrivals) + headroom
     steady = _replicas(arrivals + headroom, per_replica, policy)
@@ -137,9 +136,8 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
     load = f"{demand:.2f} req/s against {per_replica:.2f} req/s per replica at the SLO"
     ahead = need
     if rising:
-        serving = current if ready is None else ready + (current - ready) / 2   # starting pods: half the time
         surge = model.replica_rps(policy.surge_utilization, alpha, k, output)
-        ahead = _ahead(window, policy, arrivals, slope, headroom, surge, full, serving)
+        ahead = _ahead(policy, arrivals, slope, headroom, surge)
         if ahead > current and need <= current:
             need = ahead
             load = (f"arrivals {arrivals:.1f} req/s rising {slope:.2f} req/s per s; "
@@ -165,11 +163,9 @@ def detect(window: Window | None, model: ServiceModel, current: int, policy: Sca
     arrivals, slope = rise
     output = window.output_tokens_per_request
     surge = model.replica_rps(policy.surge_utilization, alpha, k, output)
-    full = model.replica_rps(1.0, alpha, k, output)
     headroom = _headroom(state.noise, arrivals, policy)
-    serving = current if ready is None else ready + (current - ready) / 2
     near = replace(policy, lookahead_s=policy.startup_s + policy.detect_interval_s)   # the next look is that near
-    need = _ahead(window, near, arrivals, slope, headroom, surge, full, serving)
+    need = _ahead(near, arrivals, slope, headroom, surge)
     target = min(need, max(math.ceil(current * policy.fast_up_factor), current + policy.max_up_pods),
                  policy.max_replicas)
     if target <= current:
@@ -228,16 +224,13 @@ def _conserved(window: Window) -> float | None:
                + window.running_growth_per_second)
 
 
-def _ahead(window: Window, policy: ScalingPolicy, arrivals: float, slope: float, headroom: float,
-           per_replica: float, full: float, serving: float) -> int:
-    """Replicas for the load one start-up delay (plus an interval) ahead, plus those that drain, within
-    `drain_s` of their start, the backlog the fleet builds until they serve."""
+def _ahead(policy: ScalingPolicy, arrivals: float, slope: float, headroom: float, per_replica: float) -> int:
+    """Replicas for the load one start-up delay (plus an interval) ahead. The backlog built until new
+    pods serve is not provisioned for: requests stay with the pod they were handed to (as behind
+    cluster/gateway.py), so new pods cannot take it; they take the new arrivals, which lets the old
+    pods drain their own."""
     growth = min(slope * policy.lookahead_s, policy.max_growth * arrivals)
-    predicted = arrivals + growth
-    # Arrivals over the start-up delay (linear rise, from the window's middle) against what serves now.
-    upcoming = arrivals + min(slope * (window.seconds / 2 + policy.startup_s / 2), policy.max_growth * arrivals)
-    backlog = window.queue_depth + max(0.0, upcoming - serving * full) * policy.startup_s
-    return _replicas(predicted + headroom + backlog / policy.drain_s * per_replica / full, per_replica, policy)
+    return _replicas(arrivals + growth + headroom, per_replica, policy)
 
 
 def _missing(window: Window | None) -> str:

@@ -109,8 +109,8 @@ def test_the_service_model_uses_the_engine_limits_that_extra_args_override():
 
 def test_a_rising_load_with_a_growing_queue_takes_a_larger_step(model, make_window):
     """Two windows of rising arrivals with the SLO missed: the step provisions for the load one start-up
-    delay ahead plus the backlog built meanwhile, beyond the load-based need of the window alone; sized
-    at the full SLO batch (the default) it is smaller than at the steady 70%, never below that need."""
+    delay ahead, beyond the load-based need of the window alone; sized at the full SLO batch (the
+    default) it is smaller than at the steady 70%, never below that need."""
     cap = per_replica(model)
     steady = [make_window(rps=2 * cap, pods=3, end=15.0 * (i + 1)) for i in range(4)]
     rise1 = make_window(rps=2.6 * cap, queue=0, pods=3, end=75.0)
@@ -276,3 +276,14 @@ def test_a_few_prompts_waiting_at_a_busy_prefill_are_not_a_backlog(model, make_w
     assert a.decide(rising, model, 2, POLICY, a.AutoscalerState(), 15.0)[0].reason == "QueueGrowing"
     calm = replace(rising, queue_depth=6)
     assert a.decide(calm, model, 2, POLICY, a.AutoscalerState(), 15.0)[0].reason != "QueueGrowing"
+
+
+def test_a_surge_step_does_not_provision_for_a_backlog_new_pods_cannot_take(model, make_window):
+    """Requests stay with the pod they were handed to, so the surge step sizes for the arrivals one
+    start-up ahead whatever the queue at the old pods (they drain it while new pods take new arrivals)."""
+    cap = per_replica(model)
+    state = a.AutoscalerState(last_rps=cap, last_time=15.0, last_seconds=15.0, noise=1.0)
+    calm = make_window(rps=3 * cap, finished=3 * cap, running_growth=0.0, pods=2, seconds=5.0, end=20.0)
+    queued = replace(calm, queue_depth=2000.0)
+    steps = [a.detect(w, model, 2, POLICY, state, 20.0)[0] for w in (calm, queued)]
+    assert steps[0].reason == steps[1].reason == "LoadSurge" and steps[0].need == steps[1].need

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -224,9 +226,6 @@ def onset_bound(name: str, floors=range(1, 9), dt: float = 0.25) -> list[dict]:
     later), scales down at once, and runs every replica at the full capacity our model gives it; the
     queue beyond what the fleet prefills within the TTFT target is late. Per declared floor:
     attainment and GPU-hours."""
-    import math
-    from dataclasses import replace
-
     sc = scenarios.get(name)
     _, _, model, truth = run.setup(sc)
     per = replace(model, cal=truth, prior=truth).replica_rps(1.0)

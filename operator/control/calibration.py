@@ -70,8 +70,7 @@ class ServiceModel:
         ln(100)/2 x p s / (1 - p) (the exponential tail of the M/D/1 wait), which must fit in the
         target minus the prompt's own prefill. At most `cap`."""
         s = 1.0 / max(self.prefill_rps(batch, k), 1e-9)
-        own = math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * self.mixed_step(batch)
-        budget = self.ttft_s - own
+        budget = self.queueing_budget(batch, k)
         if budget <= 0:
             return min(cap, 0.05)
         return min(cap, budget / (budget + math.log(100) / 2 * s))
@@ -80,8 +79,11 @@ class ServiceModel:
         """Prompts one replica prefills within the TTFT target less a prompt's own prefill: a waiting
         queue longer than this per replica misses the target; a few waiting prompts are just Poisson
         arrivals at a busy prefill (about p^2 / 2(1 - p) on average at utilization p)."""
-        own = math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * self.mixed_step(batch)
-        return max(0.0, self.ttft_s - own) * self.prefill_rps(batch, k)
+        return max(0.0, self.queueing_budget(batch, k)) * self.prefill_rps(batch, k)
+
+    def queueing_budget(self, batch: float, k: int = 0) -> float:
+        """Seconds a prompt may wait for prefill: the TTFT target less the prompt's own chunked prefill."""
+        return self.ttft_s - math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * self.mixed_step(batch)
 
     def prefill_rps(self, batch: float, k: int = 0) -> float:
         """Prompts/s one replica prefills while decoding `batch` sequences (the token budget's spare room)."""

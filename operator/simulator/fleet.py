@@ -148,11 +148,8 @@ class Fleet:
         m = len(self.queue_arrival)
         if not len(ids) or not m:
             return
-        r = self.req
-        rep_now = r["rep"].astype(int)
-        held = np.bincount(rep_now, minlength=self.n)[ids]
-        waiting = np.bincount(rep_now, weights=(r["pleft"] >= self.prompt).astype(float), minlength=self.n)[ids]
-        rep = ids[_deal(waiting.astype(int), held, m)]
+        held, running = self._batches()
+        rep = ids[_deal((held - running)[ids].astype(int), held[ids].astype(int), m)]
         arrival, out = self.queue_arrival, self.queue_out
         self.queue_arrival, self.queue_out = np.zeros(0), np.zeros(0)
         new = {"rep": rep.astype(float), "start": np.maximum(arrival, t0), "arrival": arrival,
@@ -334,10 +331,8 @@ class Fleet:
 
     def scrape(self, now: float) -> dict[str, w.Scrape]:
         ids = self.ready(now)
-        r = self.req
-        rep = r["rep"].astype(int)
-        running = np.bincount(rep, weights=(r["pleft"] < self.prompt).astype(float), minlength=self.n)
-        waiting = np.bincount(rep, weights=(r["pleft"] >= self.prompt).astype(float), minlength=self.n)
+        held, running = self._batches()
+        waiting = held - running
         open_ids = ids[~self.draining[ids]]
         held_back = len(self.queue_arrival) / max(len(open_ids), 1)    # at the gateway: no pod was ready
         return {f"pod-{i}": self._scrape_pod(i, now, running[i], waiting[i] + (held_back if i in open_ids else 0.0))

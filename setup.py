@@ -1,25 +1,29 @@
 """Maps the top-level source folders onto the `specfleet` namespace package.
 
 `engine/` becomes `specfleet.engine`, `operator/` becomes `specfleet.operator` (never a top-level
-`operator`, which is a standard-library name), and so on. Everything else lives in pyproject.toml.
+`operator`, which is a standard-library name: the folder has no `__init__.py`, so from the repository
+root `import operator` still finds the standard library's module), and so on. The CRD and the
+manifests ship as data packages (`specfleet.crds`, `specfleet.manifests`), read with `importlib.resources`
+(`cluster/resources.py`). Everything else lives in pyproject.toml.
 """
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 SOURCE_FOLDERS = {"engine": "specfleet.engine", "operator": "specfleet.operator",
                   "cluster": "specfleet.cluster", "cli": "specfleet.cli"}
+DATA_FOLDERS = {"crds": "specfleet.crds", "manifests": "specfleet.manifests"}
 
 
 def mapped_packages() -> list[str]:
     packages = []
-    for folder, package in SOURCE_FOLDERS.items():
+    for folder, package in {**SOURCE_FOLDERS, **DATA_FOLDERS}.items():
         packages.append(package)
-        packages += [f"{package}.{sub}" for sub in find_packages(folder)]
+        packages += [f"{package}.{sub}" for sub in find_namespace_packages(folder, exclude=["*__pycache__*"])]
     return packages
 
 
 setup(
     packages=mapped_packages(),
-    package_dir={package: folder for folder, package in SOURCE_FOLDERS.items()},
+    package_dir={package: folder for folder, package in {**SOURCE_FOLDERS, **DATA_FOLDERS}.items()},
     package_data={"": ["*.yaml", "*.json", "*.lua", "*.jinja", "*.cpp"]},
     include_package_data=True,
 )

@@ -77,7 +77,7 @@ def start(app) -> tuple[str, object]:
 
 
 def main() -> None:
-    from specfleet.cli.bench_cmds import print_report, run_load, summarize, synthetic_requests
+    from specfleet.cli.bench_cmds import LoadTarget, print_report, run_load, summarize, synthetic_requests
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model folder or built-in name (default: a tiny random Llama)")
@@ -98,7 +98,7 @@ def main() -> None:
     results = {}
     for label, build in (("specfleet", specfleet_app), ("transformers-naive", naive_app)):
         url, server = start(build(model, "bench"))
-        runs, duration = asyncio.run(run_load(url, "bench", requests, args.request_rate, None, False, None, 0))
+        runs, duration = asyncio.run(run_load(LoadTarget(url, "bench"), requests, args.request_rate, None, 0))
         server.should_exit = True
         results[label] = summarize(runs, duration, {})
         print(f"\n== {label}")

@@ -4,7 +4,9 @@ Same machine, same random-weight Llama (hidden 512, 4 layers, 8/4 heads, vocab 8
 workload (64 requests, prompt and output lengths uniform in [16, 256], token ids, greedy, ignore EOS).
 Prints a table of output tokens/s and ratios, and writes benchmarks/results/engine_throughput.json.
 vLLM runs only where its CPU build is installed in its own venv (see docs/benchmarks.md):
-    python benchmarks/engine_throughput.py [--vllm-python /tmp/vllm-peer/bin/python]
+    python benchmarks/engine_throughput.py [--vllm-python /tmp/vllm-peer/bin/python] [--model smollm2-135m]
+`--model` runs the same workload on a model folder or the built-in real SmolLM2-135M instead (token ids
+drawn from its vocabulary) and writes engine_throughput_<name>.json.
 """
 from __future__ import annotations
 
@@ -112,10 +114,8 @@ def run_vllm(python: str, model: str, work, threads: int) -> dict | None:
     iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
-    # cwd outside the repo: `python -c` puts the cwd on sys.path, and the repo root's operator/ folder
-    # would shadow the standard library's `operator` module.
     proc = subprocess.run([python, "-c", VLLM_SCRIPT, str(Path(model).resolve()), str(tmp.resolve())], env=env,
-                          capture_output=True, text=True, cwd="/tmp")
+                          capture_output=True, text=True)
     tmp.unlink(missing_ok=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--vllm-python", default="/tmp/vllm-peer/bin/python")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--model", default=None, help="model folder or built-in name (default: the random Llama)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; 1 avoids OpenMP stalls when other processes share the cores")
     args = parser.parse_args()
@@ -140,13 +141,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from specfleet.engine.tiny_model import build_tiny_model
-
     console = Console()
-    model = str(RESULTS.parent / ".cache" / "llama-512x4")
-    if not Path(model, "config.json").exists():
-        build_tiny_model(model, "llama", **MODEL_SHAPE)
-    work = workload(args.num_requests, args.min_len, args.max_len, MODEL_SHAPE["vocab_size"])
+    model, vocab_size, out_name = _model(args.model)
+    work = workload(args.num_requests, args.min_len, args.max_len, vocab_size)
     results: dict[str, dict | None] = {}
     with console.status("specfleet"):
         results["specfleet"] = run_specfleet(model, work)
@@ -170,10 +167,26 @@ def main() -> None:
             table.add_row(name, f"{r['tok_per_s']:.0f}", f"{r['seconds']:.1f}", f"{ours / r['tok_per_s']:.2f}x")
     console.print(table)
     console.print(f"KV waste (allocated but unused slots): {results['specfleet']['kv_waste']:.2%}")
-    summary = {"model": MODEL_SHAPE, "workload": vars(args), "results": results, "specfleet_mean_tok_per_s": ours,
+    summary = {"model": args.model or MODEL_SHAPE, "workload": vars(args), "results": results,
+               "specfleet_mean_tok_per_s": ours,
                "ratios": {k: ours / r["tok_per_s"] for k, r in results.items() if r and not k.startswith("specfleet")}}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "engine_throughput.json").write_text(json.dumps(summary, indent=2))
+    (RESULTS / out_name).write_text(json.dumps(summary, indent=2))
+
+
+def _model(name: str | None) -> tuple[str, int, str]:
+    """(folder, vocab size, results file) for --model, or the random Llama built once under benchmarks/."""
+    from specfleet.engine.builtin import BUILTIN_MODELS, ensure_builtin
+    from specfleet.engine.tiny_model import build_tiny_model
+
+    if name is None:
+        model = str(RESULTS.parent / ".cache" / "llama-512x4")
+        if not Path(model, "config.json").exists():
+            build_tiny_model(model, "llama", **MODEL_SHAPE)
+        return model, MODEL_SHAPE["vocab_size"], "engine_throughput.json"
+    folder = ensure_builtin(name) if name in BUILTIN_MODELS else Path(name)
+    config = json.loads((folder / "config.json").read_text())
+    return str(folder), config["vocab_size"], f"engine_throughput_{folder.name}.json"
 
 
 if __name__ == "__main__":

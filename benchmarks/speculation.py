@@ -111,7 +111,7 @@ def main() -> None:
 
     from specfleet.engine import LLM
     from specfleet.engine.builtin import cache_dir, ensure_builtin
-    from specfleet.engine.spec.draft import make_truncated_draft
+    from specfleet.engine.speculative.draft import make_truncated_draft
 
     console = Console()
     target = ensure_builtin("smollm2-135m")

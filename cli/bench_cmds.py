@@ -1,9 +1,15 @@
 """`specfleet bench serve`: an async load generator for any OpenAI-compatible server, like `vllm bench serve`.
 
-Requests arrive as a Poisson process at `--request-rate` (or all at once with `inf`), optionally capped at
-`--max-concurrency` in flight. Each one streams; the client times the first token (TTFT), the gaps between
-chunks (ITL), the mean time per output token after the first (TPOT) and the whole request (E2E). Goodput
-counts the requests per second that met every `--goodput` SLO.
+It takes vLLM's workload knobs (`--dataset-name random --random-input-len --random-output-len
+--num-prompts --max-concurrency --request-rate --ignore-eos --endpoint`), so one command line drives
+either server. Requests arrive as a Poisson process at `--request-rate` (or all at once with `inf`),
+optionally capped at `--max-concurrency` in flight. Each one streams; the client times the first token
+(TTFT), the gaps between chunks (ITL), the mean time per output token after the first (TPOT) and the whole
+request (E2E), as vLLM's client does. Goodput counts the requests per second that met every `--goodput` SLO.
+
+The random dataset follows vLLM's: each prompt is `--random-input-len` random token ids of the model's
+tokenizer (uniform in [len·(1−r), len·(1+r)] with `--random-range-ratio r`), sent as text. Without a
+tokenizer it falls back to words from a fixed vocabulary (about one token each).
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -22,12 +29,43 @@ app = typer.Typer(no_args_is_help=True)
 WORDS = ("the cluster scales pods when latency rises and speculation helps small batches while large batches "
          "prefer plain decoding because compute is shared across many sequences in one step").split()
 SLO_KEYS = {"ttft", "tpot", "itl", "e2el"}
+ENDPOINTS = {"completions": "/v1/completions", "/v1/completions": "/v1/completions",
+             "chat": "/v1/chat/completions", "/v1/chat/completions": "/v1/chat/completions"}
 
 
 @dataclass
 class BenchRequest:
     prompt: str
     max_tokens: int
+    prompt_len: int = 0          # tokens, when the workload knows it (0: unknown)
+
+
+@dataclass(frozen=True)
+class LoadTarget:
+    """Where and how requests go: the same body whichever server answers."""
+    base_url: str
+    model: str
+    endpoint: str = "/v1/completions"       # or /v1/chat/completions
+    api_key: str | None = None
+    ignore_eos: bool = True
+    temperature: float = 0.0
+
+    @property
+    def chat(self) -> bool:
+        return self.endpoint.endswith("/chat/completions")
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + self.endpoint
+
+    def body(self, req: BenchRequest) -> dict:
+        body = {"model": self.model, "temperature": self.temperature, "stream": True,
+                "stream_options": {"include_usage": True}, "ignore_eos": self.ignore_eos}
+        if self.chat:
+            body.update(messages=[{"role": "user", "content": req.prompt}], max_completion_tokens=req.max_tokens)
+        else:
+            body.update(prompt=req.prompt, max_tokens=req.max_tokens)
+        return body
 
 
 @dataclass
@@ -38,6 +76,7 @@ class RequestResult:
     itl_s: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     output_tokens: int = 0
+    text: str = ""
     error: str = ""
 
     @property
@@ -50,6 +89,40 @@ def synthetic_requests(num: int, input_len: int, output_len: int, seed: int) -> 
     """Prompts of about `input_len` words (roughly one token each) from a fixed vocabulary."""
     rng = random.Random(seed)
     return [BenchRequest(" ".join(rng.choice(WORDS) for _ in range(input_len)), output_len) for _ in range(num)]
+
+
+def random_requests(tokenizer, num: int, input_len: int, output_len: int, range_ratio: float,
+                    seed: int) -> list[BenchRequest]:
+    """vLLM's random dataset: random non-special token ids, decoded to text, re-encoded and cut to length
+    (so the prompt the server tokenizes is about `input_len` tokens); output lengths vary the same way."""
+    if not 0.0 <= range_ratio < 1.0:
+        raise typer.BadParameter("--random-range-ratio must be in [0, 1)")
+    rng = random.Random(seed)
+    special = set(tokenizer.all_special_ids)
+    vocab = [t for t in range(len(tokenizer)) if t not in special]
+    requests = []
+    for _ in range(num):
+        n_in = _around(rng, input_len, range_ratio)
+        ids = [rng.choice(vocab) for _ in range(n_in)]
+        ids = tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False)[:n_in]
+        requests.append(BenchRequest(tokenizer.decode(ids), _around(rng, output_len, range_ratio), len(ids)))
+    return requests
+
+
+def _around(rng: random.Random, n: int, ratio: float) -> int:
+    return max(1, rng.randint(int(n * (1 - ratio)), int(n * (1 + ratio)))) if ratio else n
+
+
+def load_tokenizer(name: str):
+    """A Hugging Face tokenizer from a folder or a built-in model name; None when there is none."""
+    from specfleet.engine.builtin import BUILTIN_MODELS, ensure_builtin
+
+    path = str(ensure_builtin(name)) if name in BUILTIN_MODELS else name
+    if not Path(path).is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
 
 
 def dataset_requests(path: str, num: int, output_len: int) -> list[BenchRequest]:
@@ -79,16 +152,13 @@ def meets(result: RequestResult, slos: dict[str, float]) -> bool:
 
 
 # ---- the client -------------------------------------------------------------------------------
-async def send(client, url: str, model: str, req: BenchRequest, chat: bool, api_key: str | None) -> RequestResult:
-    body = {"model": model, "max_tokens": req.max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
-    body.update({"messages": [{"role": "user", "content": req.prompt}]} if chat else {"prompt": req.prompt})
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+async def send(client, target: LoadTarget, req: BenchRequest) -> RequestResult:
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     result = RequestResult(ok=False)
     start = last = time.perf_counter()
-    chunks = 0
+    chunks, text = 0, []
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
+        async with client.stream("POST", target.url, json=target.body(req), headers=headers) as resp:
             if resp.status_code != 200:
                 result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return result
@@ -105,7 +175,8 @@ async def send(client, url: str, model: str, req: BenchRequest, chat: bool, api_
                 if payload.get("usage"):
                     result.prompt_tokens = payload["usage"]["prompt_tokens"]
                     result.output_tokens = payload["usage"]["completion_tokens"]
-                if not _has_text(payload):
+                piece = _text(payload)
+                if not piece:
                     continue
                 now = time.perf_counter()
                 if chunks == 0:
@@ -113,27 +184,27 @@ async def send(client, url: str, model: str, req: BenchRequest, chat: bool, api_
                 else:
                     result.itl_s.append(now - last)
                 last, chunks = now, chunks + 1
+                text.append(piece)
     except Exception as exc:           # noqa: BLE001 - a failed request is a result, not a crash
         result.error = f"{type(exc).__name__}: {exc}"
         return result
     result.e2e_s = time.perf_counter() - start
     result.output_tokens = result.output_tokens or chunks
+    result.text = "".join(text)
     result.ok = True
     return result
 
 
-def _has_text(payload: dict) -> bool:
-    for choice in payload.get("choices") or []:
-        if choice.get("text") or (choice.get("delta") or {}).get("content"):
-            return True
-    return False
+def _text(payload: dict) -> str:
+    """The text a streamed chunk carries (completions `text` or chat `delta.content`)."""
+    return "".join(choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                   for choice in payload.get("choices") or [])
 
 
-async def run_load(base_url: str, model: str, requests: list[BenchRequest], rate: float, concurrency: int | None,
-                   chat: bool, api_key: str | None, seed: int, on_done=None) -> tuple[list[RequestResult], float]:
+async def run_load(target: LoadTarget, requests: list[BenchRequest], rate: float, concurrency: int | None,
+                   seed: int, on_done=None) -> tuple[list[RequestResult], float]:
     import httpx
 
-    url = base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
     limit = asyncio.Semaphore(concurrency or len(requests) or 1)
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=concurrency or len(requests) or 1, max_keepalive_connections=64)
@@ -141,7 +212,7 @@ async def run_load(base_url: str, model: str, requests: list[BenchRequest], rate
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=limits) as client:
         async def one(req: BenchRequest) -> RequestResult:
             async with limit:
-                result = await send(client, url, model, req, chat, api_key)
+                result = await send(client, target, req)
             if on_done:
                 on_done(result)
             return result
@@ -192,11 +263,11 @@ def summarize(results: list[RequestResult], duration_s: float, slos: dict[str, f
     return summary
 
 
-def print_report(summary: dict) -> None:
+def print_report(summary: dict, title: str = "Serving benchmark") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Serving benchmark", show_header=True)
+    table = Table(title=title, show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
@@ -216,17 +287,51 @@ def print_report(summary: dict) -> None:
         console.print(f"[red]error:[/] {error}")
 
 
+# ---- the command ------------------------------------------------------------------------------
+def build_requests(dataset_name: str, dataset_path: str | None, tokenizer_name: str, num_prompts: int,
+                   input_len: int, output_len: int, range_ratio: float, seed: int) -> list[BenchRequest]:
+    if dataset_path or dataset_name == "jsonl":
+        if not dataset_path:
+            raise typer.BadParameter("--dataset-name jsonl needs --dataset-path")
+        return dataset_requests(dataset_path, num_prompts, output_len)
+    if dataset_name == "words":
+        return synthetic_requests(num_prompts, input_len, output_len, seed)
+    if dataset_name != "random":
+        raise typer.BadParameter("--dataset-name is random, words or jsonl")
+    tokenizer = load_tokenizer(tokenizer_name)
+    if tokenizer is None:
+        typer.echo(f"no tokenizer at {tokenizer_name!r} (pass --tokenizer DIR): prompts are words", err=True)
+        return synthetic_requests(num_prompts, input_len, output_len, seed)
+    return random_requests(tokenizer, num_prompts, input_len, output_len, range_ratio, seed)
+
+
+def endpoint_path(endpoint: str, backend: str | None) -> str:
+    """`completions`/`chat` or vLLM's `--endpoint /v1/...` (with `--backend openai-chat` for chat)."""
+    if endpoint not in ENDPOINTS:
+        raise typer.BadParameter("--endpoint is completions, chat, /v1/completions or /v1/chat/completions")
+    if backend == "openai-chat" and endpoint == "/v1/completions":
+        return "/v1/chat/completions"
+    return ENDPOINTS[endpoint]
+
+
 @app.command()
 def serve(
     base_url: str = typer.Option("http://127.0.0.1:8000", help="Server root (without /v1)."),
     model: str = typer.Option(..., help="Served model name."),
+    tokenizer: Optional[str] = typer.Option(None, help="Tokenizer folder or built-in model (default: --model)."),
     num_prompts: int = typer.Option(100, help="Requests to send."),
     request_rate: str = typer.Option("inf", help="Requests per second (Poisson arrivals), or inf."),
     max_concurrency: Optional[int] = typer.Option(None, help="Most requests in flight at once."),
-    input_len: int = typer.Option(128, help="Synthetic prompt length (about one token per word)."),
-    output_len: int = typer.Option(64, help="Output tokens per request (ignore_eos is set)."),
-    dataset: Optional[str] = typer.Option(None, help="JSONL prompts: {\"prompt\": ..., \"max_tokens\": ...}."),
-    endpoint: str = typer.Option("completions", help="completions or chat."),
+    dataset_name: str = typer.Option("random", help="random (token ids, as vLLM), words, or jsonl."),
+    dataset_path: Optional[str] = typer.Option(None, "--dataset-path", "--dataset",
+                                               help="JSONL prompts: {\"prompt\": ..., \"max_tokens\": ...}."),
+    input_len: int = typer.Option(128, "--random-input-len", "--input-len", help="Prompt tokens per request."),
+    output_len: int = typer.Option(64, "--random-output-len", "--output-len", help="Output tokens per request."),
+    range_ratio: float = typer.Option(0.0, "--random-range-ratio", help="Lengths vary uniformly by ± this share."),
+    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Generate the full output length."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature (0: greedy)."),
+    endpoint: str = typer.Option("completions", help="completions, chat, or vLLM's /v1/... path."),
+    backend: Optional[str] = typer.Option(None, help="vLLM's backend name; openai-chat selects chat."),
     goodput: list[str] = typer.Option([], help="SLOs as KEY:MS (ttft, tpot, itl, e2el); repeatable."),
     api_key: Optional[str] = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token, if any."),
     seed: int = typer.Option(0, help="Seed for prompts and arrival times."),
@@ -238,20 +343,19 @@ def serve(
     rate = float(request_rate)
     if rate <= 0:
         raise typer.BadParameter("--request-rate must be > 0 or inf")
-    if endpoint not in ("completions", "chat"):
-        raise typer.BadParameter("--endpoint is completions or chat")
+    target = LoadTarget(base_url, model, endpoint_path(endpoint, backend), api_key, ignore_eos, temperature)
     slos = parse_goodput(goodput)
-    requests = (dataset_requests(dataset, num_prompts, output_len) if dataset
-                else synthetic_requests(num_prompts, input_len, output_len, seed))
+    requests = build_requests(dataset_name, dataset_path, tokenizer or model, num_prompts, input_len, output_len,
+                              range_ratio, seed)
     with Progress(transient=True) as progress:
         task = progress.add_task("requests", total=len(requests))
-        results, duration = asyncio.run(run_load(base_url, model, requests, rate, max_concurrency,
-                                                 endpoint == "chat", api_key, seed,
+        results, duration = asyncio.run(run_load(target, requests, rate, max_concurrency, seed,
                                                  lambda _: progress.advance(task)))
     summary = summarize(results, duration, slos)
     summary["config"] = {"base_url": base_url, "model": model, "num_prompts": num_prompts,
-                         "request_rate": request_rate, "max_concurrency": max_concurrency, "input_len": input_len,
-                         "output_len": output_len, "dataset": dataset, "endpoint": endpoint}
+                         "request_rate": request_rate, "max_concurrency": max_concurrency,
+                         "dataset_name": dataset_name, "input_len": input_len, "output_len": output_len,
+                         "dataset_path": dataset_path, "endpoint": target.endpoint, "ignore_eos": ignore_eos}
     print_report(summary)
     if json_out:
         per_request = [{**asdict(r), "tpot_s": r.tpot_s} for r in results]

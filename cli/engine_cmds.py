@@ -95,10 +95,19 @@ def serve(
     draft_model: Optional[str] = typer.Option(None, help="Draft model folder for --speculative-method draft."),
     num_speculative_tokens: int = typer.Option(0, help="Speculation depth k (0: the engine default)."),
     speculation_enabled: str = typer.Option("true", help="true or false: speculation on at start-up."),
-    admin_token_file: Optional[str] = typer.Option(None, help="File with the admin API bearer token."),
+    admin_token_file: Optional[str] = typer.Option(
+        None, help="File with the admin API bearer token (without it the admin API is off)."),
+    api_key: list[str] = typer.Option(
+        [], "--api-key", help="A key clients must send as 'Authorization: Bearer KEY' (repeatable; also "
+                              "$SPECFLEET_API_KEY). No key: the OpenAI endpoints are open."),
+    api_key_file: list[str] = typer.Option(
+        [], "--api-key-file", help="File with API keys, one per line (a mounted Secret); repeatable."),
     max_waiting_requests: int = typer.Option(1024, help="Waiting-queue bound; past it requests get 429."),
     ttft_deadline_ms: Optional[float] = typer.Option(
         None, help="Admit waiting prompts that can still meet arrival + this TTFT first (default: arrival order)."),
+    itl_target_ms: Optional[float] = typer.Option(
+        None, help="ITL target: requests within it (mean per output token) and the TTFT deadline count as meeting "
+                   "the SLO (specfleet:requests_slo_met_total)."),
     drain_timeout: float = typer.Option(30.0, help="Seconds in-flight requests get to finish on SIGTERM."),
     max_request_bytes: int = typer.Option(4 * 1024 * 1024, help="Largest request body; past it 413."),
     max_stop_strings: int = typer.Option(16, help="Most stop strings in one request; past it 400."),
@@ -109,6 +118,7 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with Prometheus metrics and an admin API."""
     from specfleet.engine.config import EngineConfig
+    from specfleet.engine.server.auth import load_api_keys
     from specfleet.engine.server.limits import ServerLimits
     from specfleet.engine.server.serve import run_server
 
@@ -120,8 +130,10 @@ def serve(
             enable_prefix_caching=enable_prefix_caching, speculative_method=speculative_method,
             draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
             speculation_enabled=_parse_bool(speculation_enabled, "--speculation-enabled"),
-            max_waiting_requests=max_waiting_requests, ttft_deadline_ms=ttft_deadline_ms, dtype=dtype, device=device, seed=seed)
+            max_waiting_requests=max_waiting_requests, ttft_deadline_ms=ttft_deadline_ms, itl_target_ms=itl_target_ms,
+            dtype=dtype, device=device, seed=seed)
         limits = ServerLimits(max_request_bytes=max_request_bytes, max_stop_strings=max_stop_strings)
-    except ValueError as exc:
+        api_keys = load_api_keys(api_key, api_key_file)
+    except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    run_server(config, host, port, admin_token_file, drain_timeout, log_level, limits)
+    run_server(config, host, port, admin_token_file, drain_timeout, log_level, limits, api_keys)

@@ -18,11 +18,19 @@ def up(file: list[Path] = typer.Option([], "--file", "-f", help="InferenceServic
        load: Optional[str] = typer.Option(None, help="Drive a built-in load profile: ramp, spike or steady."),
        state_dir: Path = typer.Option(Path(".specfleet"), help=STATE_HELP),
        live: Optional[bool] = typer.Option(None, "--live/--plain", help="Live status table (default: when "
-                                           "stdout is a terminal) or plain log lines.")) -> None:
-    """Start the API emulator, operator, node agent and gateway; serve until Ctrl-C."""
+                                           "stdout is a terminal) or plain log lines."),
+       node_cpus: Optional[float] = typer.Option(None, envvar="SPECFLEET_NODE_CPUS", help="CPUs the local "
+                                                 "node offers pods (default: this machine's)."),
+       node_memory: Optional[str] = typer.Option(None, envvar="SPECFLEET_NODE_MEMORY", help="Memory the local "
+                                                 "node offers pods, e.g. 16Gi (default: this machine's)."),
+       api_key_file: list[Path] = typer.Option([], help="File of API keys, one per line (repeatable): the "
+                                               "gateway then answers only 'Authorization: Bearer KEY'.")) -> None:
+    """Start the API emulator, operator, node agent and gateway; serve until Ctrl-C (or SIGTERM, SIGHUP)."""
     from specfleet.cluster import fleet
 
-    config = fleet.FleetConfig(files=list(file), port=port, state_dir=state_dir, load=load, live=live)
+    config = fleet.FleetConfig(files=list(file), port=port, state_dir=state_dir, load=load, live=live,
+                               node_cpus=node_cpus, node_memory=node_memory,
+                               api_key_files=list(api_key_file))
     try:
         lock, docs = fleet.preflight(config)
         with lock:

@@ -36,7 +36,7 @@ def plan_cmd(file: Path = typer.Option(..., "--file", "-f", exists=True, dir_oka
     """Print the plan for an InferenceService, without a cluster."""
     import yaml
 
-    from specfleet.operator import api, catalogs, planner, render, status
+    from specfleet.operator import api, catalogs, model_folder, planner, render, status
 
     docs = [d for d in yaml.safe_load_all(file.read_text()) if d and d.get("kind") == api.KIND]
     if not docs:
@@ -50,6 +50,7 @@ def plan_cmd(file: Path = typer.Option(..., "--file", "-f", exists=True, dir_oka
             typer.echo(f"{name}: invalid spec: {exc}", err=True)
             failed = True
             continue
+        spec = model_folder.with_folder_architecture(spec, catalogs.models())
         result = planner.plan(spec, catalogs.gpus(), catalogs.models())
         failed |= isinstance(result, planner.Infeasible)
         if output == "yaml":

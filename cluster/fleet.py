@@ -2,13 +2,16 @@
 
     API emulator (thread) <- CRD, InferenceService(s)
     operator  (`specfleet operator run -A`, subprocess)  -> Deployment, Service, PDB, admin Secret
-    node agent (asyncio)  -> ReplicaSets, Pods, engine processes (`specfleet engine serve`), statuses
+    node agent (asyncio)  -> ReplicaSets, Pods (scheduled by their requests, each on its own 127.0.0.N),
+                             engine processes (`specfleet engine serve`), statuses
     gateway   (asyncio, --port)  -> OpenAI API over the ready pods
     load      (asyncio, --load PROFILE) -> requests through the gateway
 
 Everything lives under the state folder (`.specfleet/`): `kubeconfig`, `fleet.json` (pid, URLs),
 `lock` (held while up runs), `pids/` (operator and engine processes), `logs/`, `pods/` (volumes).
 Preflight checks (already running, port, CR file, plan, model) fail with one line before anything starts.
+However `up` ends (Ctrl-C, SIGTERM, SIGHUP, its stdout closed) it stops every child; children it cannot
+stop (it was SIGKILLed) die with it (`children.py`).
 """
 from __future__ import annotations
 
@@ -16,23 +19,28 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib.abc import Traversable
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CR = ROOT / "manifests/examples/smollm2-cpu.yaml"
-CRD_FILE = ROOT / "crds/inferenceservice.yaml"
+from specfleet.cluster import resources
+from specfleet.cluster.children import die_with_parent, kill_group
+
 KIND = "InferenceService"
 APPLYABLE = {"Namespace", "Secret", "ConfigMap", KIND}
 TEARDOWN_GRACE_S = 10.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # name -> [(seconds, concurrent clients)], repeated
 LOAD_PROFILES = {
@@ -58,6 +66,9 @@ class FleetConfig:
     load: str | None = None
     live: bool | None = None          # None: a live table when stdout is a terminal
     host: str = "127.0.0.1"
+    node_cpus: float | None = None    # the local node's allocatable; None: this machine's
+    node_memory: str | None = None
+    api_key_files: list[Path] = field(default_factory=list)   # lock the gateway: keys, one per line
 
 
 # -- state folder ---------------------------------------------------------------------------------------
@@ -105,11 +116,11 @@ def check_port(host: str, port: int) -> None:
 
 
 # -- manifests ------------------------------------------------------------------------------------------
-def load_manifests(files: list[Path]) -> list[dict]:
+def load_manifests(files: list[Path | Traversable]) -> list[dict]:
     docs: list[dict] = []
     for file in files:
         try:
-            loaded = list(yaml.safe_load_all(Path(file).read_text()))
+            loaded = list(yaml.safe_load_all(file.read_text()))
         except FileNotFoundError:
             raise FleetError(f"CR file not found: {file}")
         except yaml.YAMLError as exc:
@@ -134,7 +145,7 @@ def load_manifests(files: list[Path]) -> list[dict]:
 
 def check_service(doc: dict) -> None:
     """Spec, plan and model of one InferenceService, each failure one line."""
-    from specfleet.operator import api, catalogs, planner
+    from specfleet.operator import api, catalogs, model_folder, planner
 
     name = doc["metadata"].get("name", "unnamed")
     try:
@@ -142,6 +153,7 @@ def check_service(doc: dict) -> None:
     except api.SpecError as exc:
         raise FleetError(f"invalid {KIND} {name}: {exc}")
     check_model(name, spec.model.source)
+    spec = model_folder.with_folder_architecture(spec, catalogs.models())   # as the operator plans it
     result = planner.plan(spec, catalogs.gpus(), catalogs.models())
     if isinstance(result, planner.Infeasible):
         raise FleetError(f"{KIND} {name} is infeasible ({result.reason}): {result.message}")
@@ -169,6 +181,16 @@ def check_model(name: str, source: str) -> None:
         raise FleetError(f"{name}: pvc:// models need a real cluster; use hostpath:/path with `specfleet up`")
 
 
+def gateway_keys(config: FleetConfig):
+    """The gateway's API keys from `--api-key-file` (none: the door is open)."""
+    from specfleet.cluster.gateway.keys import ApiKeys
+
+    try:
+        return ApiKeys.from_flags([str(p) for p in config.api_key_files], None)
+    except (OSError, ValueError) as exc:
+        raise FleetError(f"--api-key-file: {exc}")
+
+
 def preflight(config: FleetConfig):
     """Everything that can fail before a process starts; returns (lock handle, manifests)."""
     lock = take_lock(config.state_dir)
@@ -176,12 +198,16 @@ def preflight(config: FleetConfig):
         check_port(config.host, config.port)
         if config.load is not None and config.load not in LOAD_PROFILES:
             raise FleetError(f"unknown load profile {config.load!r} (one of {', '.join(LOAD_PROFILES)})")
-        docs = load_manifests(config.files or [DEFAULT_CR])
+        docs = load_manifests([Path(f) for f in config.files] or [resources.default_cr()])
         for doc in docs:
             if doc["kind"] == KIND:
                 check_service(doc)
-        if not CRD_FILE.is_file():
-            raise FleetError(f"the CRD is missing: {CRD_FILE}")
+        node_allocatable(config)
+        gateway_keys(config)
+        try:
+            resources.crd_text()
+        except OSError as exc:
+            raise FleetError(f"the CRD is missing from the installed package: {exc}")
     except BaseException:
         lock.close()
         raise
@@ -189,6 +215,23 @@ def preflight(config: FleetConfig):
 
 
 # -- the running fleet ------------------------------------------------------------------------------------
+def node_allocatable(config: FleetConfig) -> dict[str, int]:
+    """The local node's allocatable resources: this machine's, or what --node-cpus/--node-memory say."""
+    from specfleet.cluster.node_agent import scheduling
+
+    allocatable = scheduling.machine_allocatable()
+    try:
+        if config.node_cpus is not None:
+            allocatable["cpu"] = scheduling.milli(config.node_cpus)
+        if config.node_memory is not None:
+            allocatable["memory"] = scheduling.milli(config.node_memory)
+    except scheduling.QuantityError as exc:
+        raise FleetError(f"--node-cpus/--node-memory: {exc}")
+    if allocatable["cpu"] <= 0 or allocatable["memory"] <= 0:
+        raise FleetError("--node-cpus and --node-memory must be positive")
+    return allocatable
+
+
 def cli_argv() -> list[str]:
     local = Path(sys.executable).parent / "specfleet"
     return [str(local)] if local.exists() else [sys.executable, "-m", "specfleet.cli.main"]
@@ -210,10 +253,38 @@ class Fleet:
         self.agent = None
         self.load_stats = {"profile": config.load, "phase": "", "clients": 0, "ok": 0, "failed": 0}
         self.failure: str | None = None
+        self.stop: asyncio.Event | None = None
+        self.stopped_by: str | None = None
+        self.stdout_open = True
 
     def say(self, message: str) -> None:
-        if not self.live:
+        if self.live or not self.stdout_open:
+            return
+        try:
             print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+        except (BrokenPipeError, ValueError):
+            self._stdout_closed()
+
+    def _stdout_closed(self) -> None:
+        """Nobody reads stdout any more (`up | tee`, tee gone): stop, and never write there again."""
+        if not self.stdout_open:
+            return
+        self.stdout_open = False
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())     # so that the flush at exit cannot fail either
+            os.close(devnull)
+        self._request_stop("stdout closed")
+
+    def _request_stop(self, why: str) -> None:
+        if self.stop is None:
+            return
+        if self.stop.is_set():          # asked twice: stop the pods now instead of gracefully
+            if self.agent is not None:
+                self.agent.kill_now()
+            return
+        self.stopped_by = why
+        self.stop.set()
 
     def run(self) -> int:
         return asyncio.run(self._main())
@@ -221,24 +292,24 @@ class Fleet:
     async def _main(self) -> int:
         from specfleet.cluster.apiserver.kubeconfig import write_kubeconfig
         from specfleet.cluster.apiserver.server import ApiServer, ServerConfig
-        from specfleet.cluster.gateway import Gateway
-        from specfleet.cluster.node_agent import NodeAgent
+        from specfleet.cluster.gateway import Gateway, GatewayConfig
+        from specfleet.cluster.node_agent.agent import NodeAgent
         from specfleet.engine import builtin
-
-        import logging
 
         logging.basicConfig(filename=self.state_dir / "logs/fleet.log", level=logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        stop = asyncio.Event()
+        self.stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        for sig in STOP_SIGNALS:       # installed until the very end: a signal during teardown escalates
+            loop.add_signal_handler(sig, self._request_stop, signal.Signals(sig).name)
         agent_stop = asyncio.Event()
         agent_task = None
+        tasks: list[asyncio.Task] = []
         try:
             self.api = ApiServer(ServerConfig(host="127.0.0.1", port=0)).start()
             kubeconfig = write_kubeconfig(self.state_dir / "kubeconfig", self.api.url)
-            self.gateway = Gateway(self.api.url, self.config.host, self.config.port)
+            self.gateway = Gateway(self.api.url, GatewayConfig(host=self.config.host, port=self.config.port,
+                                                               api_keys=gateway_keys(self.config)))
             try:
                 await self.gateway.start()
             except OSError:
@@ -246,58 +317,60 @@ class Fleet:
             await self._register_crd()
             self._start_operator(kubeconfig)
             self.agent = NodeAgent(self.api.url, self.state_dir, host_cache=str(builtin.cache_dir().parent),
-                                   on_event=self.say)
+                                   on_event=self.say, allocatable=node_allocatable(self.config))
             agent_task = asyncio.create_task(self.agent.run(agent_stop, TEARDOWN_GRACE_S))
             await self._apply_manifests()
             self._write_info()
             self.say(f"API emulator {self.api.url}; kubectl --kubeconfig {kubeconfig} get infsvc")
             self.say(f"gateway http://{self.config.host}:{self.config.port}/v1 (waiting for ready replicas)")
-            tasks = [asyncio.create_task(self._watch_ready()), asyncio.create_task(self._watch_operator(stop))]
+            tasks = [asyncio.create_task(self._watch_ready()), asyncio.create_task(self._watch_operator()),
+                     asyncio.create_task(self._watch_stdout())]
             if self.config.load:
                 tasks.append(asyncio.create_task(self._load(self.config.load)))
             if self.live:
-                tasks.append(asyncio.create_task(self._live_table(stop)))
-            await stop.wait()
+                tasks.append(asyncio.create_task(self._live_table()))
+            await self.stop.wait()
+        finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            await self._teardown(agent_stop, agent_task)
+            try:
+                await self._teardown(agent_stop, agent_task)
+            finally:
+                for sig in STOP_SIGNALS:
+                    loop.remove_signal_handler(sig)
         if self.failure:
             raise FleetError(self.failure)
         return 0
 
     async def _register_crd(self) -> None:
-        from specfleet.cluster.node_agent.kube import Kube
+        from specfleet.cluster.api_client import ApiClient
 
-        crd = yaml.safe_load(CRD_FILE.read_text())
-        async with Kube(self.api.url) as kube:
-            await kube.create(crd)
+        async with ApiClient(self.api.url, user_agent="specfleet-up") as api:
+            await api.create(yaml.safe_load(resources.crd_text()))
 
     def _start_operator(self, kubeconfig: Path) -> None:
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OMP_NUM_THREADS": "1",
-               "SPECFLEET_POD_ENDPOINTS_FILE": str(self.state_dir / "endpoints.json")}
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OMP_NUM_THREADS": "1"}
         log = open(self.state_dir / "logs/operator.log", "ab")
         self.operator = subprocess.Popen([*cli_argv(), "operator", "run", "-A"], env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.state_dir)
+                                         start_new_session=True, preexec_fn=die_with_parent(),
+                                         cwd=self.state_dir)
         log.close()
         (self.state_dir / f"pids/operator-{self.operator.pid}").write_text(str(self.operator.pid))
         self.say(f"operator started (pid {self.operator.pid}, log {self.state_dir / 'logs/operator.log'})")
 
     async def _apply_manifests(self) -> None:
-        from specfleet.cluster.node_agent.kube import Kube, KubeError
+        from specfleet.cluster.api_client import ApiCallError, ApiClient
 
-        async with Kube(self.api.url) as kube:
+        async with ApiClient(self.api.url, user_agent="specfleet-up") as api:
             for ns in sorted({d["metadata"]["namespace"] for d in self.docs if d["kind"] != "Namespace"}):
-                if await kube.get("Namespace", None, ns) is None:
-                    await kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+                if await api.get("Namespace", None, ns) is None:
+                    await api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
             for doc in sorted(self.docs, key=lambda d: d["kind"] == KIND):
                 try:
-                    await kube.create(doc)
-                except KubeError as exc:
+                    await api.create(doc)
+                except ApiCallError as exc:
                     raise FleetError(f"the API server rejected {doc['kind']} {doc['metadata'].get('name')}: "
                                      f"{exc.message}")
                 if doc["kind"] == KIND:
@@ -309,12 +382,28 @@ class Fleet:
                 "operatorPid": self.operator.pid, "started": time.time()}
         (self.state_dir / "fleet.json").write_text(json.dumps(info, indent=2))
 
-    async def _watch_operator(self, stop: asyncio.Event) -> None:
+    async def _watch_operator(self) -> None:
         while self.operator.poll() is None:
             await asyncio.sleep(0.5)
         self.failure = (f"the operator exited with code {self.operator.returncode}; "
                         f"see {self.state_dir / 'logs/operator.log'}")
-        stop.set()
+        self._request_stop("operator exited")
+
+    async def _watch_stdout(self) -> None:
+        """A pipe whose reader is gone reports an error on poll: notice it even while `up` says nothing."""
+        try:
+            fd = sys.stdout.fileno()
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                return
+        except (OSError, ValueError):
+            return
+        poller = select.poll()
+        poller.register(fd, 0)            # no events asked: POLLERR/POLLHUP are always reported
+        while self.stdout_open:
+            if poller.poll(0):
+                self._stdout_closed()
+                return
+            await asyncio.sleep(0.5)
 
     async def _watch_ready(self) -> None:
         announced: set[str] = set()
@@ -327,30 +416,42 @@ class Fleet:
             await asyncio.sleep(0.5)
 
     async def _teardown(self, agent_stop: asyncio.Event, agent_task) -> None:
-        self.say("stopping")
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.terminate()
-            for _ in range(50):
-                if self.operator.poll() is not None:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                self.operator.kill()
-                self.operator.wait()
-        agent_stop.set()
-        if agent_task is not None:
+        """Stop everything; every step runs even when one before it failed."""
+        self.say(f"stopping ({self.stopped_by})" if self.stopped_by else "stopping")
+        for step in (self._stop_operator, lambda: self._stop_agent(agent_stop, agent_task), self._stop_gateway):
             try:
-                await asyncio.wait_for(agent_task, TEARDOWN_GRACE_S + 5)
-            except (asyncio.TimeoutError, Exception):   # noqa: BLE001  (kill whatever is left below)
-                for runner in list(self.agent.runners.values()):
-                    runner.kill_now()
-        if self.gateway is not None and self.gateway.runner is not None:
-            await self.gateway.stop()
+                await step()
+            except Exception:   # noqa: BLE001  (log it and go on: the next steps must still run)
+                logging.getLogger("specfleet.up").exception("teardown step failed")
         if self.api is not None:
             self.api.stop()
         sweep(self.state_dir)
         (self.state_dir / "fleet.json").unlink(missing_ok=True)
         self.say("stopped")
+
+    async def _stop_agent(self, agent_stop: asyncio.Event, agent_task) -> None:
+        agent_stop.set()
+        if agent_task is None:
+            return
+        try:
+            await asyncio.wait_for(agent_task, TEARDOWN_GRACE_S + 5)
+        except asyncio.TimeoutError:
+            self.agent.kill_now()
+
+    async def _stop_gateway(self) -> None:
+        if self.gateway is not None and self.gateway.runner is not None:
+            await self.gateway.stop()
+
+    async def _stop_operator(self) -> None:
+        if self.operator is None or self.operator.poll() is not None:
+            return
+        kill_group(self.operator.pid, signal.SIGTERM)
+        for _ in range(50):
+            if self.operator.poll() is not None:
+                return
+            await asyncio.sleep(0.1)
+        kill_group(self.operator.pid, signal.SIGKILL)
+        self.operator.wait()
 
     # -- load -------------------------------------------------------------------------------------
     async def _load(self, profile: str) -> None:
@@ -359,7 +460,9 @@ class Fleet:
         phases = LOAD_PROFILES[profile]
         url = f"http://{self.config.host}:{self.config.port}/v1/chat/completions"
         model = next(d["spec"]["model"]["name"] for d in self.docs if d["kind"] == KIND)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        keys = self.gateway.keys.file_keys            # a locked gateway: the load clients hold a key too
+        headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300), headers=headers) as session:
             while not any(r.endpoints for r in self.gateway.routes.values()):
                 await asyncio.sleep(0.5)
             index = 0
@@ -387,16 +490,16 @@ class Fleet:
                 await asyncio.sleep(1)
 
     # -- live table --------------------------------------------------------------------------------
-    async def _live_table(self, stop: asyncio.Event) -> None:
+    async def _live_table(self) -> None:
         from rich.live import Live
 
-        from specfleet.cluster.node_agent.kube import Kube
+        from specfleet.cluster.api_client import ApiClient
 
-        async with Kube(self.api.url) as kube:
+        async with ApiClient(self.api.url, user_agent="specfleet-up") as api:
             with Live(console=self.console, refresh_per_second=2, transient=False) as live:
-                while not stop.is_set():
+                while not self.stop.is_set():
                     try:
-                        services, pods = await kube.list(KIND), await kube.list("Pod")
+                        services, pods = await api.list(KIND), await api.list("Pod")
                         events = [m for _, m in list(self.agent.events)[-6:]]
                         live.update(render_status(services, pods, self._summary(), events))
                     except Exception:   # noqa: BLE001  (the table is best effort)
@@ -431,17 +534,17 @@ def render_status(services: list[dict], pods: list[dict], summary: dict, events:
                       _num(observed.get("acceptanceRate")),
                       f"{last.get('kind', '')} {last.get('from', '')}->{last.get('to', '')}" if last else "-")
     pod_table = Table(title="Pods", title_justify="left")
-    for column in ("POD", "READY", "STATUS", "RESTARTS", "ENDPOINT", "PID", "AGE"):
+    for column in ("POD", "READY", "STATUS", "RESTARTS", "ADDRESS", "PID", "AGE"):
         pod_table.add_column(column)
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         st = pod.get("status") or {}
         cs = (st.get("containerStatuses") or [{}])[0]
         state = next(iter(cs.get("state") or {"waiting": {}}), "waiting")
-        reason = ((cs.get("state") or {}).get(state) or {}).get("reason", "")
+        reason = ((cs.get("state") or {}).get(state) or {}).get("reason", "") or _unschedulable(pod)
         pid = (cs.get("containerID") or "").removeprefix("local://")
         pod_table.add_row(pod["metadata"]["name"], "yes" if cs.get("ready") else "no",
                           reason or state.capitalize(), str(cs.get("restartCount", 0)),
-                          (pod["metadata"].get("annotations") or {}).get("specfleet.io/endpoint", ""), pid,
+                          pod_address(pod), pid,
                           _age(pod["metadata"].get("creationTimestamp")))
     stats, load = summary.get("stats") or {}, summary.get("load") or {}
     lines = [f"gateway {summary.get('gateway')}   requests {stats.get('requests', 0)}  retries "
@@ -452,6 +555,19 @@ def render_status(services: list[dict], pods: list[dict], summary: dict, events:
                      f"{load['ok']} ok / {load['failed']} failed")
     lines += [f"[dim]{e}[/]" for e in events]
     return Group(table, pod_table, *lines, "[dim]Ctrl-C stops the fleet[/]")
+
+
+def pod_address(pod: dict) -> str:
+    """`podIP:port` of the pod's first container port ("" before it has an address)."""
+    ip = (pod.get("status") or {}).get("podIP")
+    ports = [p["containerPort"] for c in pod["spec"].get("containers") or [] for p in c.get("ports") or []]
+    return f"{ip}:{ports[0]}" if ip and ports else (ip or "")
+
+
+def _unschedulable(pod: dict) -> str:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return "Unschedulable" if any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                                  for c in conditions) else ""
 
 
 def _ms(value) -> str:
@@ -479,8 +595,7 @@ def sweep(state_dir: Path) -> list[int]:
         with contextlib.suppress(ValueError, OSError):
             pid = int(marker.read_text())
             if alive(pid) and "specfleet" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+                kill_group(pid, signal.SIGKILL)
                 killed.append(pid)
         marker.unlink(missing_ok=True)
     return killed
@@ -519,7 +634,7 @@ def status(state_dir: Path):
         with urllib.request.urlopen(url, timeout=5) as response:
             return json.loads(response.read())
 
-    from specfleet.cluster.node_agent.kube import path
+    from specfleet.cluster.api_client import path
 
     services = get(info["api"] + path(KIND)).get("items", [])
     pods = get(info["api"] + path("Pod")).get("items", [])

@@ -1,24 +1,18 @@
-"""specfleet.engine: continuous batching over a paged KV cache, behind an offline and an HTTP API."""
+"""specfleet.engine: continuous batching over a paged KV cache, behind an offline and an HTTP API.
+
+The public names (`from specfleet.engine import LLM, SamplingParams`, as in vLLM) are re-exported lazily
+(PEP 562), so `import specfleet.engine.config` or `.builtin` does not pull in torch.
+"""
 from __future__ import annotations
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput"]
+import importlib
+
+_EXPORTS = {"LLM": "llm", "LLMEngine": "engine", "EngineConfig": "config", "SamplingParams": "sampling_params",
+            "RequestOutput": "outputs"}
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):
-    # Lazy: `import specfleet.engine.config` must not pull in torch.
-    if name == "LLM":
-        from specfleet.engine.llm import LLM
-        return LLM
-    if name == "LLMEngine":
-        from specfleet.engine.engine import LLMEngine
-        return LLMEngine
-    if name == "EngineConfig":
-        from specfleet.engine.config import EngineConfig
-        return EngineConfig
-    if name == "SamplingParams":
-        from specfleet.engine.sampling_params import SamplingParams
-        return SamplingParams
-    if name == "RequestOutput":
-        from specfleet.engine.outputs import RequestOutput
-        return RequestOutput
-    raise AttributeError(name)
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specfleet.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"specfleet.engine.{_EXPORTS[name]}"), name)

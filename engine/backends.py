@@ -9,10 +9,10 @@ from specfleet.engine.model.llama import LlamaForCausalLM
 
 def prepare_backend(model: LlamaForCausalLM, backend: str, device: torch.device) -> None:
     if backend == "triton" or (backend == "auto" and device.type == "cuda"):
-        from specfleet.engine.kernels import TritonPagedAttention
+        from specfleet.engine.kernels.backend import TritonPagedAttention
 
         model.set_attention_backend(TritonPagedAttention)
     elif device.type == "cpu":
-        from specfleet.engine.cpu import prepare_model
+        from specfleet.engine.cpu.backend import prepare_model
 
         prepare_model(model, backend)

@@ -25,6 +25,9 @@ class EngineConfig:
     max_model_len: int | None = None          # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     dtype: str = "auto"                       # auto: bf16 on CUDA, fp32 on CPU
+    # No tokenizer is loaded (vLLM's flag): prompts must be token ids, outputs carry token ids and empty
+    # text, and stop strings are refused. For model folders that ship without a tokenizer.
+    skip_tokenizer_init: bool = False
     device: str = "auto"
     # auto: triton on CUDA, the C++ kernel on CPU (torch if it cannot be built); torch: the reference path.
     # SPECFLEET_ATTENTION_BACKEND=triton (with TRITON_INTERPRET=1 on CPU) runs any suite on the kernels.
@@ -36,6 +39,9 @@ class EngineConfig:
     # Deadline order for waiting prompts (arrival + this TTFT target): those that can still make it
     # first, late ones after them; None keeps arrival order. The operator passes the service's TTFT SLO.
     ttft_deadline_ms: float | None = None
+    # The service's inter-token latency target: a request meets its SLO when its TTFT is within
+    # ttft_deadline_ms and its mean time per output token within this (specfleet:requests_slo_met_total).
+    itl_target_ms: float | None = None
     speculative_method: SpeculativeMethod | None = None
     draft_model: str | None = None
     num_speculative_tokens: int = 0
@@ -54,6 +60,8 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be auto, torch, cpu or triton, got {self.attention_backend!r}")
         if self.max_waiting_requests < 0:
             raise ValueError(f"max_waiting_requests must be >= 0, got {self.max_waiting_requests}")
+        if self.itl_target_ms is not None and self.itl_target_ms <= 0:
+            raise ValueError(f"itl_target_ms must be > 0, got {self.itl_target_ms}")
         if self.ttft_deadline_ms is not None and self.ttft_deadline_ms <= 0:
             raise ValueError(f"ttft_deadline_ms must be > 0, got {self.ttft_deadline_ms}")
         if self.speculative_method not in (None, "ngram", "draft"):

@@ -23,10 +23,10 @@ from specfleet.engine.sampler import SamplingTensors, sample_tokens, token_logpr
 from specfleet.engine.sampling_params import SamplingParams
 from specfleet.engine.scheduler import Scheduler, SchedulerOutput
 from specfleet.engine.sequence import Sequence
-from specfleet.engine.spec.control import SpeculationControl, SpeculationNotConfigured  # noqa: F401
-from specfleet.engine.spec.draft import DraftProposer
-from specfleet.engine.spec.ngram import NgramProposer
-from specfleet.engine.spec.speculator import Speculator
+from specfleet.engine.speculative.control import SpeculationControl, SpeculationNotConfigured  # noqa: F401
+from specfleet.engine.speculative.draft import DraftProposer
+from specfleet.engine.speculative.ngram import NgramProposer
+from specfleet.engine.speculative.speculator import Speculator
 from specfleet.engine.stats import EngineStats, StepRecord
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,8 +62,8 @@ class LLMEngine:
         loaded = load_model(config.model, self.dtype, self.device, config.max_model_len)
         self.model_path = loaded.path
         self.model_name = config.served_model_name or config.model
-        self.tokenizer = AutoTokenizer.from_pretrained(loaded.path)
-        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.tokenizer = None if config.skip_tokenizer_init else AutoTokenizer.from_pretrained(loaded.path)
+        self.detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = loaded.model.shape.vocab_size
         num_blocks = self._pool_blocks(loaded.model)
@@ -124,14 +124,20 @@ class LLMEngine:
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("the engine runs without a tokenizer (skip_tokenizer_init=True): "
+                                 "pass prompts as token ids")
             return self.tokenizer.encode(prompt) if prompt else []
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt):
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
         return list(prompt)
 
-    def validate(self, prompt_ids: list[int], request_id: str) -> None:
+    def validate(self, prompt_ids: list[int], request_id: str, params: SamplingParams | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if params is not None and params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; the engine runs with skip_tokenizer_init=True "
+                             "(use stop_token_ids)")
         if not prompt_ids:
             raise ValueError("prompt is empty")
         if len(prompt_ids) >= self.max_model_len:
@@ -142,7 +148,7 @@ class LLMEngine:
                     arrival_time: float | None = None) -> None:
         params = params or SamplingParams()
         prompt_ids = self.encode(prompt)
-        self.validate(prompt_ids, request_id)
+        self.validate(prompt_ids, request_id, params)
         free_slots = max(0, self.config.max_num_seqs - self.num_running)
         if self.num_waiting >= self.config.max_waiting_requests + free_slots:
             raise EngineOverloaded(f"{self.num_waiting} requests are already waiting")
@@ -277,6 +283,8 @@ class LLMEngine:
                 return
 
     def _decode(self, seq: Sequence) -> str:
+        if self.detokenizer is None:
+            return ""
         return self.detokenizer.update(seq.detok, seq.token_ids, seq.num_prompt_tokens,
                                        final=seq.finish_reason is not None)
 

@@ -18,6 +18,9 @@ def _as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
 
 
 class LLM:
+    """`LLM(model, **engine_args)`: engine_args are `EngineConfig` fields, e.g. `skip_tokenizer_init=True`
+    for a model folder without a tokenizer (then prompts are token ids and outputs carry ids, empty text)."""
+
     def __init__(self, model: str, **engine_args) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self._counter = 0
@@ -33,8 +36,8 @@ class LLM:
         params = self._params_for(prompt_list, sampling_params)
         encoded = [self.engine.encode(p) for p in prompt_list]
         ids = [self._next_id() for _ in prompt_list]
-        for request_id, prompt_ids in zip(ids, encoded):
-            self.engine.validate(prompt_ids, request_id)       # all-or-nothing before any is queued
+        for request_id, prompt_ids, p in zip(ids, encoded, params):
+            self.engine.validate(prompt_ids, request_id, p)    # all-or-nothing before any is queued
         for request_id, prompt, p in zip(ids, prompt_list, params):
             self.engine.add_request(request_id, prompt, p)
         return self._run(ids, use_tqdm)

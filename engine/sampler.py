@@ -1,8 +1,10 @@
 """Token sampling: greedy, temperature, top-k, top-p, per-request seeds, and logprobs.
 
 `probabilities` turns logits into the distribution a request samples from (the speculative verifier
-uses the same function for target and draft); `sample` draws from it with the exponential-race trick
-(argmax p / E, E ~ Exp(1)), which lets seeded requests draw their noise from their own generator.
+uses the same function for target and draft); top-k/top-p look at each row's best few hundred logits
+rather than sorting the whole vocabulary, and all-greedy batches only take an argmax. `sample` draws
+from it with the exponential-race trick (argmax p / E, E ~ Exp(1)), which lets seeded requests draw
+their noise from their own generator.
 """
 from __future__ import annotations
 
@@ -45,7 +47,43 @@ def probabilities(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return probs
 
 
+CANDIDATES = 256     # top-k/top-p first look at this many best logits per row; a full sort only if they fall short
+
+
 def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Logits outside each row's top-k and top-p set become -inf. The set almost always lies in the few
+    hundred best tokens, so `topk` over those replaces sorting the whole vocabulary (49k for SmolLM2);
+    rows whose set might reach past them (a flat distribution, a large top_k) take the full sort."""
+    vocab = logits.shape[-1]
+    untouched = (top_k >= vocab) & (top_p >= 1.0)              # rows of a mixed batch that truncate nothing
+    width = min(vocab, max(CANDIDATES, int(top_k[top_k < vocab].max()) if bool((top_k < vocab).any()) else 0))
+    truncated = None
+    if width < vocab:
+        values, order = logits.topk(width, dim=-1)
+        kept, covered = _truncate_candidates(values, top_k, top_p, logits.logsumexp(dim=-1, keepdim=True))
+        if bool((covered | untouched).all()):
+            truncated = torch.full_like(logits, float("-inf")).scatter_(-1, order, kept)
+    if truncated is None:
+        truncated = _truncate_sorted(logits, top_k, top_p)
+    return torch.where(untouched[:, None], logits, truncated)
+
+
+def _truncate_candidates(ordered: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, log_total: torch.Tensor):
+    """The full-sort rule applied to each row's best `width` logits (descending): (kept logits, and per row
+    whether the kept set is known to end inside them)."""
+    width = ordered.shape[-1]
+    ranks = torch.arange(width, device=ordered.device)
+    drop = ranks[None, :] >= top_k[:, None]
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    k_inside = top_k <= width
+    # With top-k on, top-p renormalizes over the k kept tokens (all here); without it, over the whole vocab.
+    probs = torch.where(k_inside[:, None], ordered.softmax(dim=-1), (ordered - log_total).exp())
+    before = probs.cumsum(dim=-1) - probs
+    drop |= before > top_p[:, None]
+    return ordered.masked_fill(drop, float("-inf")), k_inside | (before[:, -1] > top_p)
+
+
+def _truncate_sorted(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     ordered, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(logits.shape[-1], device=logits.device)
     drop = ranks[None, :] >= top_k[:, None]

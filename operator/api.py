@@ -88,6 +88,7 @@ class Slo:
     prompt_tokens: int = 1024
     output_tokens: int = 256
     requests_per_second: float = 1.0
+    objective: float = 0.99     # share of requests that must meet both targets (the error budget's complement)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,10 @@ class Autoscaling:
     max_replicas: int = 4
     scale_up_stabilization_seconds: int = 30
     scale_down_stabilization_seconds: int = 300
+    idle_seconds: int | None = None     # scale to 0 after this long without requests (minReplicas 0 only)
+
+
+MODES = ("Serving", "PlanOnly")
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,11 @@ class InferenceServiceSpec:
     speculation: Speculation = field(default_factory=Speculation)
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
     replicas: int | None = None
+    mode: str = "Serving"      # PlanOnly: plan and report the actions, create nothing
+
+    @property
+    def plan_only(self) -> bool:
+        return self.mode == "PlanOnly"
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,24 @@ class Condition:
         return {"type": self.type, "status": self.status, "reason": self.reason, "message": self.message}
 
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "SLOMet", "SpeculationActive")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "SLOMet", "SLOAtRisk", "SpeculationActive", "Schedulable")
+
+
+def token_defaults(max_context: int, prompt: int | None, output: int | None) -> tuple[int, int]:
+    """promptTokens and outputTokens with their defaults (1024, 256) for those not given, scaled into
+    `max_context` when they would not fit: both in the defaults' 4:1 ratio, or one into what the other
+    leaves (at least 1; a given pair that does not fit is the caller's error to report)."""
+    default_prompt, default_output = Slo.prompt_tokens, Slo.output_tokens
+    if prompt is None and output is None:
+        if default_prompt + default_output <= max_context:
+            return default_prompt, default_output
+        prompt = max(1, max_context * default_prompt // (default_prompt + default_output))
+        return prompt, max(1, max_context - prompt)
+    if prompt is None:
+        return min(default_prompt, max(1, max_context - output)), output
+    if output is None:
+        return prompt, min(default_output, max(1, max_context - prompt))
+    return prompt, output
 
 
 def parse_source(source: str) -> Source:
@@ -165,6 +192,8 @@ def cross_field_errors(spec: InferenceServiceSpec) -> list[str]:
         errors.append("slo: promptTokens + outputTokens must not exceed maxContextTokens")
     if auto.min_replicas > auto.max_replicas:
         errors.append("autoscaling: minReplicas must not exceed maxReplicas")
+    if auto.idle_seconds is not None and auto.min_replicas != 0:
+        errors.append("autoscaling: idleSeconds applies only with minReplicas 0")
     if sp.method == "draft" and sp.draft_model is None:
         errors.append("speculation: draftModel is required when method is draft")
     if spec.model.source.startswith("builtin:") and spec.model.source != "builtin:smollm2-135m":
@@ -186,9 +215,10 @@ class _Reader:
         speculation = self.speculation(self.obj(raw, "speculation", "spec.speculation"))
         autoscaling = self.autoscaling(self.obj(raw, "autoscaling", "spec.autoscaling"))
         replicas = self.int(raw, "replicas", "spec.replicas", None, lo=0)
+        mode = self.enum(raw, "mode", "spec.mode", "Serving", MODES)
         if None in (model, slo) or self.errors:
             return None
-        return InferenceServiceSpec(model, slo, runtime, accelerator, speculation, autoscaling, replicas)
+        return InferenceServiceSpec(model, slo, runtime, accelerator, speculation, autoscaling, replicas, mode)
 
     def model(self, raw: Mapping[str, Any] | None, where: str) -> ModelRef | None:
         if raw is None:
@@ -218,12 +248,16 @@ class _Reader:
         ttft = self.num(raw, "ttftP99Ms", f"{w}.ttftP99Ms", None, lo=1, required=True)
         itl = self.num(raw, "itlP99Ms", f"{w}.itlP99Ms", None, lo=1, required=True)
         ctx = self.int(raw, "maxContextTokens", f"{w}.maxContextTokens", 4096, lo=16, hi=1 << 20)
-        prompt = self.int(raw, "promptTokens", f"{w}.promptTokens", 1024, lo=1)
-        output = self.int(raw, "outputTokens", f"{w}.outputTokens", 256, lo=1)
+        prompt = self.int(raw, "promptTokens", f"{w}.promptTokens", None, lo=1)
+        output = self.int(raw, "outputTokens", f"{w}.outputTokens", None, lo=1)
         rps = self.num(raw, "requestsPerSecond", f"{w}.requestsPerSecond", 1.0, lo=0)
-        if None in (ttft, itl, ctx, prompt, output, rps):
+        objective = self.num(raw, "objective", f"{w}.objective", 0.99)
+        if objective is not None and not 0 < objective < 1:
+            self.errors.append(f"{w}.objective: {objective:g} is outside (0, 1)")
+        if None in (ttft, itl, ctx, rps, objective) or self.errors:
             return None
-        return Slo(ttft, itl, ctx, prompt, output, rps)
+        prompt, output = token_defaults(ctx, prompt, output)
+        return Slo(ttft, itl, ctx, prompt, output, rps, objective)
 
     def runtime(self, raw: Mapping[str, Any] | None) -> Runtime:
         raw = raw or {}
@@ -261,7 +295,9 @@ class _Reader:
         hi = self.int(raw, "maxReplicas", f"{w}.maxReplicas", 4, lo=1)
         up = self.int(raw, "scaleUpStabilizationSeconds", f"{w}.scaleUpStabilizationSeconds", 30, lo=0)
         down = self.int(raw, "scaleDownStabilizationSeconds", f"{w}.scaleDownStabilizationSeconds", 300, lo=0)
-        return Autoscaling(*(v if v is not None else d for v, d in ((lo, 1), (hi, 4), (up, 30), (down, 300))))
+        idle = self.int(raw, "idleSeconds", f"{w}.idleSeconds", None, lo=1)
+        return Autoscaling(*(v if v is not None else d for v, d in ((lo, 1), (hi, 4), (up, 30), (down, 300))),
+                           idle_seconds=idle)
 
     # -- typed field readers -------------------------------------------------------------------------
     def obj(self, raw: Mapping[str, Any], key: str, where: str, required: bool = False):

@@ -1,45 +1,44 @@
-"""kopf handlers: thin glue from InferenceService events to the pure planner/renderer/status.
+"""kopf handlers: thin glue from InferenceService events to the pure planner/renderer/status and to
+the control loop.
 
 `reconcile(body, kube, now)` does one reconciliation and returns the status patch and the Events to
 post; the kopf handlers below only call it. Create, spec update and resume (operator restart) all
 reconcile; so does any change to or deletion of an owned Deployment/Service/PDB, which is how drift
 is corrected. Owned objects carry an owner reference, so deleting the InferenceService lets the
-garbage collector remove them; the operator needs no finalizer. The CR's spec is never written.
+garbage collector remove them. The CR's spec is never written.
+
+One scheduler (`control/scheduler.py`, started at startup) runs the control loops of all
+InferenceServices (`control/runner.py`); engine pods and replica counts reach it through the Pod and
+Deployment watches (`discovery.EngineView`), so a step reads nothing from the API and an idle service
+costs a heap push an interval. `publish` is the one writer of status, for reconciles and control steps
+alike. What is shared (the `Kube` client, the loop's intervals) is set up once at startup in kopf's
+`memo`; nothing is read from the environment at import time.
 """
 from __future__ import annotations
 
-import datetime as dt
+import asyncio
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 
+import httpx
 import kopf
 
-from specfleet.operator import api, catalogs, planner, render, status
-from specfleet.operator.control import loop as control
+from specfleet.operator import api, catalogs, metrics_source, model_folder, plan_only, planner, render, status
+from specfleet.operator.control import discovery, loop, runner, scale_from_zero, scheduler
+from specfleet.operator.control.runner import now_iso
 from specfleet.operator.kube import Kube
 
 MANAGED = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
-_kube: Kube | None = None
 
 
 @dataclass
-class Outcome:
+class ReconcileOutcome:
     """What one reconciliation decided: the status patch and (type, reason, message) Events."""
 
     status: dict
     events: list[tuple[str, str, str]] = field(default_factory=list)
-
-
-def kube() -> Kube:
-    global _kube
-    if _kube is None:
-        _kube = Kube.from_environment()
-    return _kube
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def retry_backoff(retry: int) -> float:
@@ -47,7 +46,7 @@ def retry_backoff(retry: int) -> float:
     return float(min(2 ** retry, 60))
 
 
-def reconcile(body: dict, k: Kube, now: str) -> Outcome:
+def reconcile(body: dict, k: Kube, now: str) -> ReconcileOutcome:
     """Plan, render and apply one InferenceService; never raises for a bad spec."""
     meta, old = body["metadata"], body.get("status") or {}
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation", 1)
@@ -55,21 +54,42 @@ def reconcile(body: dict, k: Kube, now: str) -> Outcome:
     try:
         spec = api.parse_spec(body.get("spec") or {})
     except api.SpecError as exc:
-        return Outcome(status.invalid(exc.errors, generation, previous, now),
+        return ReconcileOutcome(status.invalid(exc.errors, generation, previous, now),
                        [("Warning", "InvalidSpec", str(exc))])
+    spec = model_folder.with_folder_architecture(spec, catalogs.models())
     result = planner.plan(spec, catalogs.gpus(), catalogs.models())
     selector = render.selector_string(name)
     if isinstance(result, planner.Infeasible):
         patch = status.planned(result, generation, selector, previous, now)
-        return Outcome(patch, [("Warning", result.reason, _message(patch, "Degraded"))])
+        return ReconcileOutcome(patch, [("Warning", result.reason, _message(patch, "Degraded"))])
     live = k.get("Deployment", namespace, name)
     replicas = _replicas(spec, result, live)
+    if spec.plan_only:
+        return _plan_only(body, k, spec, result, replicas, live, now)
     applied = _apply(k, body, spec, result, replicas)
     patch = status.planned(result, generation, selector, previous, now)
     patch["desiredReplicas"] = replicas
+    if old.get("plannedActions") is not None:
+        patch["plannedActions"] = None          # merge patch: Serving does what it planned; drop the list
     deployment = k.get("Deployment", namespace, name) if applied["Deployment"] != "unchanged" else live
     patch.update(_rollout(deployment, replicas, patch["conditions"], now, generation))
-    return Outcome(patch, _events(old, patch, result, applied))
+    return ReconcileOutcome(patch, _events(old, patch, result, applied))
+
+
+def _plan_only(body: dict, k: Kube, spec: api.InferenceServiceSpec, plan: planner.Plan, replicas: int,
+               live: dict | None, now: str) -> ReconcileOutcome:
+    """PlanOnly: the plan and what Serving mode would do, in status and Events; no object is written."""
+    meta, old = body["metadata"], body.get("status") or {}
+    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation", 1)
+    desired = _desired(body, spec, plan, replicas, live, token="")
+    actions = plan_only.planned_actions(desired, lambda kind, n: k.get(kind, namespace, n), replicas)
+    patch = status.planned(plan, generation, render.selector_string(name), old.get("conditions") or [], now)
+    patch["desiredReplicas"] = replicas
+    patch = plan_only.plan_only_status(patch, actions, generation, now)
+    events = _events(old, patch, plan, {})
+    if old.get("plannedActions") != actions:
+        events.append(("Normal", "PlanOnly", "would " + ("; ".join(actions) if actions else "do nothing")))
+    return ReconcileOutcome(patch, events)
 
 
 def _message(patch: dict, kind: str) -> str:
@@ -87,19 +107,35 @@ def _replicas(spec: api.InferenceServiceSpec, plan: planner.Plan, live: dict | N
 
 def _apply(k: Kube, body: dict, spec: api.InferenceServiceSpec, plan: planner.Plan, replicas: int) -> dict:
     meta = body["metadata"]
+    desired = _desired(body, spec, plan, replicas, k.get("Deployment", meta["namespace"], meta["name"]),
+                       token=secrets.token_urlsafe(32))
+    applied = {}
+    for manifest in desired:
+        if manifest["kind"] == "Secret":
+            k.create_if_missing(manifest)           # the token is made once, never rewritten
+        elif manifest["kind"] == "NetworkPolicy":
+            k.apply(manifest)
+        else:
+            applied[manifest["kind"]] = k.apply(manifest)
+    return applied
+
+
+def _desired(body: dict, spec: api.InferenceServiceSpec, plan: planner.Plan, replicas: int, live: dict | None,
+             token: str) -> list[dict]:
+    """Every object a Serving reconcile applies, owner references set (the admin Secret with `token`)."""
+    meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
+    out = []
     if spec.runtime.engine == "specfleet":
-        token = secrets.token_urlsafe(32)
-        k.create_if_missing(render.with_owner(render.admin_secret(name, namespace, token), name, uid))
-        k.apply(render.with_owner(render.network_policy(name, namespace), name, uid))
-    override = _speculation_override(spec, plan, k.get("Deployment", namespace, name))
-    return {m["kind"]: k.apply(render.with_owner(m, name, uid))
-            for m in render.render(name, namespace, spec, plan, replicas, speculation=override)}
+        out += [render.admin_secret(name, namespace, token), render.network_policy(name, namespace)]
+    override = _speculation_override(spec, plan, live)
+    out += render.render(name, namespace, spec, plan, replicas, speculation=override)
+    return [render.with_owner(m, name, uid) for m in out]
 
 
 def _speculation_override(spec: api.InferenceServiceSpec, plan: planner.Plan, live: dict | None):
     """The control loop's speculation choice for the vllm runtime (kept on the Deployment), if any."""
-    value = ((live or {}).get("metadata", {}).get("annotations") or {}).get(control.SPECULATION_ANNOTATION)
+    value = ((live or {}).get("metadata", {}).get("annotations") or {}).get(loop.SPECULATION_ANNOTATION)
     if spec.runtime.engine != "vllm" or not value or plan.speculation.method is None:
         return None
     fields = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
@@ -132,14 +168,9 @@ def _events(old: dict, patch: dict, plan: planner.Plan, applied: dict) -> list[t
     return events
 
 
-def _post(body: dict, events: list[tuple[str, str, str]]) -> None:
-    for kind, reason, message in events:
-        kopf.event(body, type=kind, reason=reason, message=message[:1000])
-
-
 # -- kopf wiring ------------------------------------------------------------------------------------
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specfleet.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="specfleet.io", key="last-handled-configuration")
@@ -148,87 +179,152 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.execution.max_workers = 16
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    if getattr(memo, "kube", None) is None:
+        memo.kube = Kube.from_environment()
+    if getattr(memo, "loop_config", None) is None:
+        memo.loop_config = loop.LoopConfig.from_environment()
+    memo.http = httpx.AsyncClient(timeout=metrics_source.SCRAPE_TIMEOUT_S)
+    memo.engines = discovery.EngineView()
+    memo.cold_starts = {}           # (namespace, name) -> (monotonic wake-up, held requests), shared by all
+
+    async def publish_step(body: dict, outcome: runner.ControlOutcome) -> None:
+        await asyncio.to_thread(publish, memo.kube, body, outcome)
+
+    memo.scheduler = scheduler.ControlScheduler(memo.engines, publish_step)
+    memo.scheduler_task = asyncio.create_task(memo.scheduler.run())
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_) -> None:
+    memo.scheduler_task.cancel()
+    await memo.http.aclose()
+
+
+def publish(k: Kube, body, outcome: ReconcileOutcome | runner.ControlOutcome) -> None:
+    """The one writer of an InferenceService's status (only when something but timestamps changed), and
+    the poster of its Events, both through `Kube`."""
+    meta = body["metadata"]
+    if outcome.status and _changed(dict(body.get("status") or {}), outcome.status):
+        k.patch_service_status(meta["namespace"], meta["name"], outcome.status)
+    regarding = {"apiVersion": body.get("apiVersion", api.API_VERSION), "kind": body.get("kind", api.KIND),
+                 "metadata": meta}
+    for kind, reason, message in outcome.events:
+        k.post_event(regarding, kind, reason, message[:1000], now_iso())
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
-def reconcile_service(body: kopf.Body, patch: kopf.Patch, retry: int = 0, **_) -> None:
-    k = kube()
+async def reconcile_service(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_) -> None:
+    k = memo.kube
     try:
-        outcome = reconcile(_plain(body), k, now_iso())
+        chosen = await _choose_pods_for_spec_scale_down(memo, _plain(body))
+        outcome = await asyncio.to_thread(reconcile, _plain(body), k, now_iso())
+        outcome.events[:0] = chosen
+        await asyncio.to_thread(publish, k, body, outcome)
     except Exception as exc:
         if not k.transient(exc):
             raise
         # kopf's default for an arbitrary error is a flat 60 s; API trouble is retried sooner, doubling.
         raise kopf.TemporaryError(f"API server: {type(exc).__name__}: {str(exc)[:200]}",
                                   delay=retry_backoff(retry)) from exc
-    patch.status.update(outcome.status)
-    _post(body, outcome.events)
 
 
-@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=control.interval_s(),
-            initial_delay=control.interval_s())
-async def control_service(body: kopf.Body, patch: kopf.Patch, **_) -> None:
-    """The control loop (control/loop.py): scale the Deployment, switch speculation, report why."""
-    await _control(body, patch, control.run_once, forget=True)
-
-
-async def detect_surge(body: kopf.Body, patch: kopf.Patch, **_) -> None:
-    """Surge detection between control intervals (control/loop.py:run_detect): scale-ups only."""
-    await _control(body, patch, control.run_detect, forget=False)
-
-
-async def _control(body: kopf.Body, patch: kopf.Patch, run, forget: bool) -> None:
-    plain = _plain(body)
-    if plain["metadata"].get("deletionTimestamp"):
-        if forget:
-            control.forget(plain["metadata"]["namespace"], plain["metadata"]["name"])
-        return
-    k = kube()
+async def _choose_pods_for_spec_scale_down(memo: kopf.Memo, body: dict) -> list[tuple[str, str, str]]:
+    """A fixed `spec.replicas` below the Deployment's: mark the least loaded pods to go before the
+    reconcile lowers it (the autoscaler's scale-downs mark theirs in the control step)."""
+    control, meta = getattr(memo, "control", None), body["metadata"]
+    current = memo.engines.replicas(meta["namespace"], meta["name"])
     try:
-        outcome = await run(plain, k, now_iso())
-    except Exception as exc:
-        if not k.transient(exc):
-            raise
-        # The next interval re-reads everything; kopf's 60 s timer backoff would stall the loop instead.
-        logging.getLogger(__name__).warning("control of %s/%s skipped: API server: %s",
-                                            plain["metadata"]["namespace"], plain["metadata"]["name"], exc)
+        spec = api.parse_spec(body.get("spec") or {})
+    except api.SpecError:
+        return []
+    if control is None or current is None or spec.plan_only or spec.replicas is None or spec.replicas >= current[0]:
+        return []
+    return await control.before_spec_scale_down(memo.engines.pods(meta["namespace"], meta["name"]), spec.replicas)
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+async def track_service(event: dict, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    """Every InferenceService is under the control scheduler from the first time it is seen until it goes;
+    its loop's state (`ServiceControl`) lives in the service's kopf memo."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+        memo.scheduler.forget(key)
         return
-    if outcome is None:
+    if getattr(memo, "control", None) is None:
+        memo.control = runner.ServiceControl(*key, memo.kube, memo.loop_config, memo.http)
+    memo.scheduler.track(key, memo.control, lambda: _plain(body))
+    held = scale_from_zero.held_requests(meta.get("annotations"))
+    if held:
+        await _wake(memo, key, _plain(body), held)
+
+
+async def _wake(memo: kopf.Memo, key: tuple[str, str], body: dict, held: int) -> None:
+    """A service at 0 replicas whose requests the gateway holds: scale it to 1 now (scale_from_zero)."""
+    try:
+        spec = api.parse_spec(body.get("spec") or {})
+    except api.SpecError:
         return
-    patch.status.update(outcome.status)
-    _post(body, outcome.events)
+    pending = memo.cold_starts.get(key)
+    # A wake-up whose scale the Deployment watch has not reported yet is in flight; an older one that never
+    # got a ready replica (the service went back to 0) is replaced.
+    in_flight = pending is not None and time.monotonic() - pending[0] < scale_from_zero.WAKE_IN_FLIGHT_S
+    if in_flight or not scale_from_zero.should_wake(spec, held, memo.engines.replicas(*key)):
+        return
+    memo.cold_starts[key] = (time.monotonic(), held)
+    try:
+        await asyncio.to_thread(memo.kube.scale, "Deployment", *key, 1)
+    except Exception:
+        memo.cold_starts.pop(key, None)         # the next annotation change tries again
+        raise
+    when = now_iso()
+    decision = {"time": when, "kind": "scale", "from": "0", "to": "1", "reason": "HeldRequests"}
+    decisions = ((body.get("status") or {}).get("lastDecisions") or []) + [decision]
+    outcome = runner.ControlOutcome({"desiredReplicas": 1, "lastDecisions": decisions[-loop.MAX_DECISIONS:]}, [
+        ("Normal", "ScaleFromZero", f"0 -> 1 replicas: the gateway holds {held} request(s)")])
+    await asyncio.to_thread(publish, memo.kube, body, outcome)
 
 
-if control.detect_interval_s() > 0:
-    kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=control.detect_interval_s(),
-               initial_delay=control.interval_s())(detect_surge)
+@kopf.on.event("", "v1", "pods", labels=MANAGED)
+async def engine_pod_changed(event: dict, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    """Engine pods as the control loop sees them (labels, Ready, podIP, container port, Unschedulable)."""
+    memo.engines.pod_changed(_dict(body), gone=event.get("type") == "DELETED")
 
 
-@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
-def deleted(body: kopf.Body, **_) -> None:
-    control.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+async def engine_replicas_changed(event: dict, body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    meta = body["metadata"]
+    gone = event.get("type") == "DELETED"
+    replicas = None if gone else runner.replicas_of(_dict(body))
+    memo.engines.replicas_changed(meta["namespace"], meta["name"], replicas)
+    key = (meta["namespace"], meta["name"])
+    if key in memo.cold_starts and replicas is not None and replicas[1] >= 1:
+        started, held = memo.cold_starts.pop(key)
+        seconds = time.monotonic() - started
+        service = await asyncio.to_thread(memo.kube.get_service, *key)
+        if service is not None:
+            outcome = runner.ControlOutcome(scale_from_zero.cold_start_status(seconds, held, now_iso()), [
+                ("Normal", "ColdStart", f"first replica ready {seconds:.1f} s after {held} held request(s) woke it")])
+            await asyncio.to_thread(publish, memo.kube, service, outcome)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
-def owned_changed(event: dict, body: kopf.Body, logger: logging.Logger, **_) -> None:
+def owned_changed(event: dict, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
     """An owned object changed or vanished: reconcile its InferenceService (restores drift, updates status)."""
     if event.get("type") not in ("MODIFIED", "DELETED"):
         return
     owner = _owner(body)
     if owner is None:
         return
-    k = kube()
+    k = memo.kube
     service = k.get_service(body["metadata"]["namespace"], owner)
     if service is None or service["metadata"].get("deletionTimestamp"):
         return
-    outcome = reconcile(service, k, now_iso())
-    if _changed(service.get("status") or {}, outcome.status):
-        k.patch_service_status(service["metadata"]["namespace"], owner, outcome.status)
-    _post(service, outcome.events)
+    publish(k, service, reconcile(service, k, now_iso()))
     logger.debug("reconciled %s after %s %s", owner, event.get("type"), body.get("kind"))
 
 
@@ -249,7 +345,8 @@ def _changed(old: dict, new: dict) -> bool:
 
 def _plain(body) -> dict:
     """A kopf Body as plain nested dicts (kopf's views are read-only mappings)."""
-    return {"metadata": _dict(body.get("metadata", {})), "spec": _dict(body.get("spec", {})),
+    return {"apiVersion": body.get("apiVersion", api.API_VERSION), "kind": body.get("kind", api.KIND),
+            "metadata": _dict(body.get("metadata", {})), "spec": _dict(body.get("spec", {})),
             "status": _dict(body.get("status", {}))}
 
 

@@ -1,4 +1,5 @@
-"""Thin Kubernetes I/O for the handlers: read, create-or-correct, and status patches, on plain dicts.
+"""The operator's one Kubernetes interface: read, create-or-correct, scale, annotate and the status
+patch, on plain dicts. The handlers and the control loop make every API call through `Kube`.
 
 Uses the `kubernetes` client with raw JSON in and out (no model classes), so what the renderer returns
 is exactly what is sent and compared. `apply` writes only when the live object drifted from the
@@ -18,6 +19,7 @@ from typing import Any, Callable
 from specfleet.operator.api import GROUP, PLURAL, VERSION
 
 MERGE = "application/merge-patch+json"
+EVENT_SOURCE = "specfleet-operator"
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -71,6 +73,8 @@ class Kube:
                                     self.networking.create_namespaced_network_policy,
                                     self.networking.patch_namespaced_network_policy,
                                     self.networking.delete_namespaced_network_policy),
+            "Pod": _Verbs(self.core.read_namespaced_pod, self.core.create_namespaced_pod,
+                          self.core.patch_namespaced_pod, self.core.delete_namespaced_pod),
             "Secret": _Verbs(self.core.read_namespaced_secret, self.core.create_namespaced_secret,
                              self.core.patch_namespaced_secret, self.core.delete_namespaced_secret),
         }
@@ -134,6 +138,26 @@ class Kube:
             return False
         return True
 
+    def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
+        """Set `spec.replicas` (the control loop's decision; never the CR's spec)."""
+        self.verbs[kind].patch(name, namespace, {"spec": {"replicas": replicas}}, _content_type=MERGE,
+                               _preload_content=False)
+
+    def annotate(self, kind: str, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.verbs[kind].patch(name, namespace, {"metadata": {"annotations": annotations}}, _content_type=MERGE,
+                               _preload_content=False)
+
+    def post_event(self, regarding: dict, type_: str, reason: str, message: str, now: str) -> None:
+        """A core/v1 Event about `regarding` (an object with apiVersion, kind and metadata)."""
+        meta = regarding["metadata"]
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                 "involvedObject": {"apiVersion": regarding.get("apiVersion"), "kind": regarding.get("kind"),
+                                    "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+                 "type": type_, "reason": reason, "message": message, "count": 1,
+                 "firstTimestamp": now, "lastTimestamp": now, "source": {"component": EVENT_SOURCE}}
+        self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+
     def get_service(self, namespace: str, name: str) -> dict | None:
         """The InferenceService object, or None when it is gone."""
         try:
@@ -146,6 +170,8 @@ class Kube:
         return json.loads(response.data)
 
     def patch_service_status(self, namespace: str, name: str, status: dict) -> None:
+        """Merge `status` into the InferenceService's status (the operator's only status write:
+        `handlers.publish` is its one caller)."""
         self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
                                                           {"status": status}, _content_type=MERGE,
                                                           _preload_content=False)

@@ -6,7 +6,6 @@ from the in-cluster service account or KUBECONFIG.
 from __future__ import annotations
 
 import logging
-import sys
 
 
 def run(namespaces: list[str] | None = None, clusterwide: bool = False, liveness: str | None = None,
@@ -27,10 +26,3 @@ def run(namespaces: list[str] | None = None, clusterwide: bool = False, liveness
     telemetry.serve_from_environment()
     kopf.run(standalone=True, clusterwide=clusterwide, namespaces=namespaces or [],
              liveness_endpoint=liveness)
-
-
-if __name__ == "__main__":
-    # `python -m specfleet.operator.main run -n NS` == `specfleet operator run -n NS`
-    from specfleet.cli.operator_cmds import app
-
-    sys.exit(app())

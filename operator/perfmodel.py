@@ -1,6 +1,6 @@
 """The performance model: memory, step time and speculation goodput of one engine replica.
 
-Plain arithmetic over plain dataclasses (DESIGN.md section 4), shared by the planner, the control loop
+Plain arithmetic over plain dataclasses (docs/design.md), shared by the planner, the control loop
 and the fleet simulator. Nothing here knows about Kubernetes, catalogs or YAML.
 
 Units: bytes, seconds, FLOP/s; token counts are ints.

@@ -15,8 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from specfleet.operator import capacity
 from specfleet.operator import perfmodel as pm
 from specfleet.operator.api import Architecture, InferenceServiceSpec
+from specfleet.operator.capacity import model_shape
 from specfleet.operator.catalogs import Gpu, GpuCatalog, ModelCatalog
 
 BLOCK_SIZE = 16
@@ -67,6 +69,15 @@ class Infeasible:
 
 
 @dataclass(frozen=True)
+class _Bounds:
+    """The autoscaler's fleet bounds as the speculation controller judges "free in replicas" by."""
+
+    utilization: float
+    min_replicas: int
+    fixed_replicas: bool
+
+
+@dataclass(frozen=True)
 class _Sizing:
     """Everything fixed by one (model, GPU, TP) choice before speculation and replicas."""
 
@@ -87,8 +98,7 @@ def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog) -> 
                           f"catalog ({', '.join(sorted(gpus))})")
     arch = models.lookup(spec.model)
     if arch is None:
-        return Infeasible("UnknownModel", f"model {spec.model.source!r} is not in the model catalog; "
-                          "set spec.model.architecture")
+        return Infeasible("UnknownModel", _unknown_model(spec.model.source))
     draft = _draft_time(spec, models, gpu)
     if isinstance(draft, Infeasible):
         return draft
@@ -101,12 +111,12 @@ def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog) -> 
     return _sized_like_the_autoscaler(spec, _finish(spec, gpu, best, draft), gpus, models)
 
 
-def model_shape(arch: Architecture, dtype: str) -> pm.ModelShape:
-    size = pm.dtype_bytes(dtype)
-    return pm.ModelShape(parameters=arch.parameters, num_layers=arch.num_layers, hidden_size=arch.hidden_size,
-                         num_attention_heads=arch.num_attention_heads, num_kv_heads=arch.num_kv_heads,
-                         head_dim=arch.head_dim, intermediate_size=arch.intermediate_size,
-                         vocab_size=arch.vocab_size, dtype_bytes=size, kv_dtype_bytes=size)
+def _unknown_model(source: str) -> str:
+    if source.startswith("hostpath:"):
+        folder = source.removeprefix("hostpath:").rstrip("/")
+        return (f"model {source!r} is not in the model catalog and {folder}/config.json could not be read "
+                "here (or lacks the architecture fields); set spec.model.architecture")
+    return f"model {source!r} is not in the model catalog; set spec.model.architecture"
 
 
 def tp_candidates(spec: InferenceServiceSpec, arch: Architecture, gpu: Gpu) -> list[int]:
@@ -236,25 +246,20 @@ def _sized_like_the_autoscaler(spec: InferenceServiceSpec, plan: Plan, gpus: Gpu
     per replica at its target utilization, by slots and by prefill rate) and speculation where the
     speculation controller would keep it: on, at the deepest k that costs no replicas at the declared
     load (draft tokens to verify take prompt budget), else off until the controller sees it pay."""
-    from specfleet.operator.control import speculation
-    from specfleet.operator.control.autoscaler import ScalingPolicy
-    from specfleet.operator.control.calibration import service_model
-
     slo, sp = spec.slo, spec.speculation
-    model = service_model(spec, plan, gpus, models)
+    model = capacity.service_model(spec, plan, gpus, models)
     if model is None:
         return plan
+    u = capacity.TARGET_UTILIZATION
     if plan.speculation.enabled and sp.mode == "auto":
-        policy = speculation.SpeculationPolicy.from_spec(sp, spec.runtime.engine, spec.autoscaling,
-                                                         fixed_replicas=spec.replicas is not None)
-        k = speculation.free_k(model, policy, slo.requests_per_second, sp.min_acceptance_rate, plan.speculation.k,
-                               serving=spec.replicas or 0)
+        bounds = _Bounds(u, spec.autoscaling.min_replicas, spec.replicas is not None)
+        k = capacity.free_k(model, bounds, slo.requests_per_second, sp.min_acceptance_rate, plan.speculation.k,
+                            serving=spec.replicas or 0)
         plan = replace(plan, speculation=replace(plan.speculation, enabled=k >= 1, k=k or plan.speculation.k))
-    u = ScalingPolicy.target_utilization
     per = model.replica_rps(u)
     if plan.speculation.enabled:
         per = max(per, model.replica_rps(u, sp.min_acceptance_rate, plan.speculation.k))
-    needed = max(1, math.ceil(slo.requests_per_second / per - 1e-9))
+    needed = capacity.replicas_for(slo.requests_per_second, per)
     if needed <= plan.replicas and spec.replicas is None:
         return plan
     replicas, warnings = _replicas(spec, max(needed, plan.replicas))

@@ -1,7 +1,7 @@
 """The renderer: (name, namespace, spec, Plan) -> the Kubernetes objects of one InferenceService.
 
 Pure: returns plain dicts (Deployment, Service, PodDisruptionBudget); the handlers add owner references
-and apply them. Two runtimes: `specfleet` (our engine, flags of DESIGN.md section 3) and `vllm`
+and apply them. Two runtimes: `specfleet` (our engine, flags of docs/design.md) and `vllm`
 (vLLM's OpenAI server image and flags).
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ ADMIN_TOKEN_FILE = f"{ADMIN_TOKEN_DIR}/token"
 INSTANCE_LABEL = "specfleet.io/inferenceservice"
 MANAGED_BY = "specfleet-operator"
 DRAIN_SECONDS = 120
+DRAIN_MARGIN_SECONDS = 10      # the engine finishes its drain and exits before the kubelet's SIGKILL
 BUILTIN_HF = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M"}
 
 
@@ -167,12 +168,14 @@ def engine_container(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, 
 
 
 def specfleet_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: ModelMount | None) -> list[str]:
-    """`specfleet engine serve` flags: DESIGN.md section 3, plus the TTFT target for deadline-ordered admission."""
+    """`specfleet engine serve` flags: docs/design.md, plus the TTFT target (deadline-ordered admission) and the
+    ITL target, which with it decides whether a served request counts as meeting the SLO (the error budget)."""
     args = ["--model", model.arg, "--served-model-name", spec.model.name, "--port", str(PORT),
             "--block-size", str(plan.block_size), "--num-kv-blocks", str(plan.kv_cache_blocks),
             "--max-num-seqs", str(plan.max_num_seqs),
             "--max-num-batched-tokens", str(plan.max_num_batched_tokens), "--enable-prefix-caching",
-            "--ttft-deadline-ms", f"{spec.slo.ttft_p99_ms:g}"]
+            "--ttft-deadline-ms", f"{spec.slo.ttft_p99_ms:g}", "--itl-target-ms", f"{spec.slo.itl_p99_ms:g}",
+            "--drain-timeout", f"{DRAIN_SECONDS - DRAIN_MARGIN_SECONDS}"]
     sp = plan.speculation
     if sp.method is not None and sp.k > 0:
         args += ["--speculative-method", sp.method]

@@ -2,13 +2,13 @@
 
 Pure: the caller passes the previous conditions and the time, so a condition keeps its
 `lastTransitionTime` until its status actually changes. Condition types are Ready, Progressing,
-Degraded, SLOMet and SpeculationActive (DESIGN.md section 2).
+Degraded, SLOMet and SpeculationActive (docs/design.md).
 """
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from specfleet.operator.api import Condition
+from specfleet.operator.api import CONDITION_TYPES, Condition
 from specfleet.operator.planner import Infeasible, Plan
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
@@ -59,8 +59,11 @@ def rollout(desired: int, replicas: int, ready: int, previous: Sequence[dict], n
     failed = degraded is not None and degraded.get("status") == TRUE and degraded.get("reason") in (
         "InvalidSpec", "Infeasible", "UnknownModel", "UnknownAccelerator")
     done = ready >= desired and replicas == desired
-    conditions = [Condition("Ready", TRUE if done and ready > 0 else FALSE,
-                            "ReplicasReady" if done else "ReplicasNotReady", f"{ready}/{desired} replicas ready"),
+    ready_reason = "ReplicasReady" if done else "ReplicasNotReady"
+    ready_message = f"{ready}/{desired} replicas ready"
+    if done and desired == 0:
+        ready_reason, ready_message = "ScaledToZero", "0 replicas; requests held by the gateway scale it up"
+    conditions = [Condition("Ready", TRUE if done and ready > 0 else FALSE, ready_reason, ready_message),
                   Condition("Progressing", FALSE if done else TRUE,
                             "RolloutComplete" if done else "RollingOut", f"{ready}/{desired} replicas ready")]
     phase = "Failed" if failed else ("Ready" if done and ready > 0 else "Progressing")
@@ -86,7 +89,7 @@ def merge_conditions(previous: Sequence[dict], updates: Iterable[Condition], now
     return sorted(merged.values(), key=lambda c: _ORDER.get(c["type"], 99))
 
 
-_ORDER = {t: i for i, t in enumerate(("Ready", "Progressing", "Degraded", "SLOMet", "SpeculationActive"))}
+_ORDER = {t: i for i, t in enumerate(CONDITION_TYPES)}
 
 
 CONTROLLER_REASONS = frozenset({"Observed", "Missed", "MetricsUnavailable", "LowAcceptance", "BatchAboveThreshold",

@@ -90,7 +90,8 @@ def started(start, stop):
             stop(item)
 
 
-def start_server(model: str, admin_token: str | None = None, limits=None, **engine_args) -> LiveServer:
+def start_server(model: str, admin_token: str | None = None, limits=None, api_keys: tuple[str, ...] = (),
+                 **engine_args) -> LiveServer:
     import uvicorn
 
     from specfleet.engine.config import EngineConfig
@@ -100,7 +101,7 @@ def start_server(model: str, admin_token: str | None = None, limits=None, **engi
 
     engine_args = {"num_kv_blocks": 128, "max_num_seqs": 32, "served_model_name": "tiny", **engine_args}
     app = create_app(AsyncEngine(LLMEngine(EngineConfig(model=model, **engine_args))), admin_token=admin_token,
-                     limits=limits)
+                     limits=limits, api_keys=api_keys)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -115,12 +116,13 @@ def start_server(model: str, admin_token: str | None = None, limits=None, **engi
 
 
 @contextlib.contextmanager
-def specfleet_up(workdir: Path, cr: Path, env: dict | None = None):
+def specfleet_up(workdir: Path, cr: Path, env: dict | None = None, args: tuple[str, ...] = ()):
     """Run `specfleet up -f CR` in `workdir` as a user would; yield (process, gateway port); Ctrl-C it after."""
     port = free_port()
     log_path = workdir / "up.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(BIN / "specfleet"), "up", "-f", str(cr), "--port", str(port), "--plain"],
+        proc = subprocess.Popen([str(BIN / "specfleet"), "up", "-f", str(cr), "--port", str(port), "--plain",
+                                 *args],
                                 cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             yield proc, port
@@ -152,3 +154,42 @@ def build_step(query_lens: list[int], context_lens: list[int], block_size: int, 
         tables.append(free[:n])
         free = free[n:]
     return build_metadata(qlens, ctx, tables, block_size, device)
+
+
+async def until(probe, timeout: float = 20.0):
+    """Poll `probe()` (plain or a coroutine function) until it returns something truthy (async `wait_for`)."""
+    import asyncio
+    import inspect
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        value = probe()
+        value = await value if inspect.isawaitable(value) else value
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+@contextlib.asynccontextmanager
+async def local_node(workdir: Path):
+    """The API emulator and a local node agent (a node with room for anything) in this event loop;
+    yields an `ApiClient` to the emulator. Both stop with the block."""
+    import asyncio
+
+    from specfleet.cluster.api_client import ApiClient
+    from specfleet.cluster.apiserver.server import ApiServer, ServerConfig
+    from specfleet.cluster.node_agent.agent import NodeAgent
+
+    server = ApiServer(ServerConfig(host="127.0.0.1", port=0)).start()
+    agent = NodeAgent(server.url, workdir, interval_s=0.2,
+                      allocatable={"cpu": 1000, "memory": 2**30 * 1000, "pods": 110_000})
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop, shutdown_grace_s=3))
+    try:
+        async with ApiClient(server.url) as api:
+            yield api
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        server.stop()

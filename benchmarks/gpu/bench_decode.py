@@ -70,7 +70,8 @@ def random_step(qlens, ctx, kv_heads, head_dim, dtype, seed):
 
 def check_kernels() -> dict:
     from specfleet.engine.attention import TorchPagedAttention, write_kv
-    from specfleet.engine.kernels import paged_attention, reshape_and_cache
+    from specfleet.engine.kernels.paged_attention import paged_attention
+    from specfleet.engine.kernels.reshape_and_cache import reshape_and_cache
 
     kv_heads, q_heads, d = 8, 32, 64
     cases = {"decode-64": ([1] * 64, [int(x) for x in torch.randint(1, 2048, (64,))]),
@@ -103,7 +104,7 @@ def check_kernels() -> dict:
 
 def attention_bandwidth() -> list[dict]:
     """The attention kernel alone on decode steps: KV bytes read over its median time."""
-    from specfleet.engine.kernels import paged_attention
+    from specfleet.engine.kernels.paged_attention import paged_attention
 
     rows = []
     for batch, ctx in [(1, 1024), (1, 8192), (64, 1024), (256, 1024)]:

@@ -99,7 +99,7 @@ def conflict_error(rt: ResourceType, name: str, found: dict[str, list]) -> ApiEr
             lines.append(f'conflict with "{manager}" using {api_version}: {fs.path_string(path)}')
     text = lines[0] if total == 1 else "\n".join(f"- {line}" for line in lines)
     message = f"Apply failed with {total} conflict{'s' if total > 1 else ''}: {text}"
-    return ApiError(409, "Conflict", message, {"name": name, "group": rt.group, "kind": rt.plural, "causes": causes})
+    return ApiError(409, "Conflict", message, {"causes": causes})          # NewApplyConflict: causes only
 
 
 def merge_applied(live: Any, applied: Any, field: str | None, schema: dict | None, builtin: bool) -> Any:

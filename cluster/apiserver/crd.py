@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specfleet.cluster.apiserver import schema as schemas
-from specfleet.cluster.apiserver.errors import Cause, bad_request, invalid
+from specfleet.cluster.apiserver.builtin_schema import report_unknown
+from specfleet.cluster.apiserver.crd_schema import schema_causes
+from specfleet.cluster.apiserver.errors import Cause, invalid
 from specfleet.cluster.apiserver.meta import now
 from specfleet.cluster.apiserver.registry import ResourceType, ScaleSpec
 
@@ -39,6 +41,14 @@ def crd_causes(crd: dict[str, Any]) -> list[Cause]:
     elif sum(1 for v in versions if v.get("storage")) != 1:
         causes.append(Cause("FieldValueInvalid", "Invalid value: must have exactly one version marked as "
                             "storage version", "spec.versions"))
+    strategy = (spec.get("conversion") or {}).get("strategy", "None")
+    if strategy != "None":
+        causes.append(Cause("FieldValueNotSupported", f'Unsupported value: "{strategy}": supported values: "None" '
+                            "(this emulator cannot call conversion webhooks)", "spec.conversion.strategy"))
+    for i, version in enumerate(versions):
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        if schema is not None:
+            causes += schema_causes(schema, f"spec.versions[{i}].schema.openAPIV3Schema")
     expected = f"{names.get('plural')}.{spec.get('group')}"
     name = (crd.get("metadata") or {}).get("name")
     if not causes and name != expected:
@@ -95,15 +105,13 @@ def established_status(crd: dict[str, Any]) -> dict[str, Any]:
             "storedVersions": sorted(set(stored) | set(storage))}
 
 
-def process_custom_object(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
-                          strict: bool = False) -> None:
-    """Prune unknown fields, apply defaults and validate a custom object in place (422 on errors)."""
+def process_custom_object(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None, opts: Any) -> None:
+    """Prune unknown fields (warned, or refused under Strict), apply defaults and validate a custom object in
+    place (422 on errors)."""
     schema = rt.custom.schema if rt.custom else None
     if not schema:
         return
-    dropped = schemas.prune(obj, schema, root=True)
-    if strict and dropped:
-        raise bad_request("strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in dropped))
+    report_unknown(rt, schemas.prune(obj, schema, root=True), opts)
     schemas.apply_defaults(obj, schema)
     body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
     old_body = {k: v for k, v in (old or {}).items() if k not in ("apiVersion", "kind", "metadata")}

@@ -65,6 +65,9 @@ class ResourceType:
         if self.categories:
             main["categories"] = list(self.categories)
         out = [main]
+        if self.key == "/pods":                  # the scheduler's verb: POST a Binding
+            out.append({"name": "pods/binding", "singularName": "", "namespaced": True, "kind": "Binding",
+                        "verbs": ["create"]})
         if self.status:
             out.append({"name": f"{self.plural}/status", "singularName": "", "namespaced": self.namespaced,
                         "kind": self.kind, "verbs": SUB_VERBS})

@@ -8,16 +8,18 @@ from typing import Any
 
 from aiohttp import web
 
-from specfleet.cluster.apiserver import openapi, table
-from specfleet.cluster.apiserver.errors import ApiError, bad_request, method_not_allowed, unsupported_media
+from specfleet.cluster.apiserver import errors, openapi, table
+from specfleet.cluster.apiserver.errors import ApiError, Cause, bad_request, method_not_allowed, unsupported_media
+from specfleet.cluster.apiserver.pods import PODS_KEY
 from specfleet.cluster.apiserver.registry import Registry, ResourceType
-from specfleet.cluster.apiserver.service import Service, WriteOptions
+from specfleet.cluster.apiserver.service import FIELD_VALIDATION, Service, WriteOptions
 from specfleet.cluster.apiserver.watch import WatchRequest, serve_watch
 
 log = logging.getLogger(__name__)
 VERSION = {"major": "1", "minor": "37", "gitVersion": "v1.37.0-specfleet", "gitCommit": "emulator",
            "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z", "goVersion": "python",
            "compiler": "cpython", "platform": "linux/amd64"}
+SUBRESOURCE_METHODS = ("GET", "PUT", "PATCH")
 NOT_FOUND = ApiError(404, "NotFound", "the server could not find the requested resource")
 
 
@@ -64,7 +66,8 @@ def parse_target(registry: Registry, group: str, version: str, tail: str) -> Tar
     name = segs[1] if len(segs) > 1 else None
     sub = segs[2] if len(segs) > 2 else None
     if sub and not ((sub == "status" and rt.status) or (sub == "scale" and rt.scale) or
-                    (sub == "finalize" and rt.plural == "namespaces")):
+                    (sub == "finalize" and rt.plural == "namespaces") or
+                    (sub == "binding" and rt.key == PODS_KEY)):
         raise NOT_FOUND
     if rt.namespaced and name is not None and ns is None:
         raise NOT_FOUND
@@ -74,8 +77,34 @@ def parse_target(registry: Registry, group: str, version: str, tail: str) -> Tar
 def write_options(request: web.Request) -> WriteOptions:
     q = request.query
     agent = request.headers.get("User-Agent", "unknown").split("/")[0] or "unknown"
-    return WriteOptions(manager=q.get("fieldManager") or agent, dry_run="All" in q.getall("dryRun", []),
-                        strict=q.get("fieldValidation") == "Strict", force=q.get("force") == "true")
+    validation = q.get("fieldValidation") or "Warn"
+    if validation not in FIELD_VALIDATION:
+        raise bad_request(f"fieldValidation: Unsupported value: {json.dumps(validation)}: supported values: "
+                          + ", ".join(f'"{v}"' for v in ("Ignore", "Strict", "Warn")))
+    manager = q.get("fieldManager") or agent
+    if len(manager) > 128:
+        kind = {"POST": "CreateOptions", "PUT": "UpdateOptions"}.get(request.method, "PatchOptions")
+        raise errors.invalid(kind, "meta.k8s.io", "", [
+            Cause("FieldValueTooLong", "Too long: may not be more than 128 bytes", "fieldManager")])
+    return WriteOptions(manager=manager, dry_run="All" in q.getall("dryRun", []), validation=validation,
+                        force=q.get("force") == "true")
+
+
+def check_patch_options(request: web.Request, content_type: str) -> None:
+    """ValidatePatchOptions: apply needs a field manager; `force` belongs to apply alone (422 otherwise)."""
+    apply = content_type.split(";")[0].strip() == "application/apply-patch+yaml"
+    if apply and not request.query.get("fieldManager"):
+        raise errors.invalid("PatchOptions", "meta.k8s.io", "", [
+            Cause("FieldValueRequired", "Required value: is required for apply patch", "fieldManager")])
+    if not apply and "force" in request.query:
+        raise errors.invalid("PatchOptions", "meta.k8s.io", "", [
+            Cause("FieldValueForbidden", "Forbidden: may not be specified for non-apply patch", "force")])
+
+
+def with_warnings(response: web.Response, opts: WriteOptions) -> web.Response:
+    for text in dict.fromkeys(opts.warnings):
+        response.headers.add("Warning", f"299 - {json.dumps(text)}")
+    return response
 
 
 def wants_table(request: web.Request) -> bool:
@@ -165,8 +194,9 @@ class Api:
         target = parse_target(self.registry, group, version, request.match_info["tail"])
         handler = {"GET": self.read, "POST": self.create, "PUT": self.replace, "PATCH": self.patch,
                    "DELETE": self.delete}.get(request.method)
-        if handler is None:
-            raise method_not_allowed()
+        allowed = ("POST",) if target.subresource == "binding" else SUBRESOURCE_METHODS
+        if handler is None or (target.subresource and request.method not in allowed):
+            raise method_not_allowed()              # e.g. DELETE .../status: a real server has no such route
         return await handler(request, target)
 
     # ------------------------------------------------------------ verbs
@@ -198,10 +228,13 @@ class Api:
         return reply(listed)
 
     async def create(self, request: web.Request, t: Target) -> web.Response:
+        if t.subresource == "binding":
+            body, opts = await json_body(request), write_options(request)
+            return reply(self.service.bind(t.rt, t.namespace or "", t.name or "", body, opts), 201)
         if t.name is not None:
             raise method_not_allowed()
-        body = await json_body(request)
-        return reply(self.service.create(t.rt, t.namespace or "", body, write_options(request)), 201)
+        body, opts = await json_body(request), write_options(request)
+        return with_warnings(reply(self.service.create(t.rt, t.namespace or "", body, opts), 201), opts)
 
     async def replace(self, request: web.Request, t: Target) -> web.Response:
         if t.name is None:
@@ -209,19 +242,21 @@ class Api:
         body, opts = await json_body(request), write_options(request)
         if t.subresource == "scale":
             return reply(self.service.update_scale(t.rt, t.namespace or "", t.name, body, opts))
-        return reply(self.service.replace(t.rt, t.namespace or "", t.name, body, opts, t.subresource or ""))
+        obj = self.service.replace(t.rt, t.namespace or "", t.name, body, opts, t.subresource or "")
+        return with_warnings(reply(obj), opts)
 
     async def patch(self, request: web.Request, t: Target) -> web.Response:
         if t.name is None:
             raise method_not_allowed()
         raw, opts, ns = await request.read(), write_options(request), t.namespace or ""
         ctype = request.headers.get("Content-Type", "")
+        check_patch_options(request, ctype)
         if t.subresource == "scale":
             body = json.loads(raw or b"{}")
             return reply(self.service.update_scale(t.rt, ns, t.name, body, opts, ctype))
         existed = self.service.store.get(t.rt.key, ns if t.rt.namespaced else "", t.name) is not None
         obj = self.service.patch(t.rt, ns, t.name, ctype, raw, opts, t.subresource or "")
-        return reply(obj, 200 if existed else 201)
+        return with_warnings(reply(obj, 200 if existed else 201), opts)
 
     async def delete(self, request: web.Request, t: Target) -> web.Response:
         raw = await request.read()
@@ -234,7 +269,9 @@ class Api:
                                                     q.get("fieldSelector"), options)
             return reply(listed)
         obj = self.service.delete(t.rt, t.namespace or "", t.name, options, dry_run)
-        pending = self.service.store.get(t.rt.key, (obj["metadata"].get("namespace") or ""), t.name) is not None
+        kept = self.service.store.get(t.rt.key, (obj["metadata"].get("namespace") or ""), t.name)
+        # a pod left to its kubelet's graceful stop is 200, as on a real server; pending finalizers are 202
+        pending = kept is not None and (t.rt.key != PODS_KEY or bool(kept["metadata"].get("finalizers")))
         return reply(obj, 202 if pending and not dry_run else 200)
 
 

@@ -96,6 +96,26 @@ class FieldRequirement:
     value: str
 
 
+#: the field labels kube-apiserver supports per built-in kind (beyond metadata.name and metadata.namespace).
+BUILTIN_FIELD_LABELS: dict[str, tuple[str, ...]] = {
+    "/pods": ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+              "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs", "status.nominatedNodeName"),
+    "/events": ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+                "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
+                "reason", "reportingComponent", "source", "type"),
+    "events.k8s.io/events": ("regarding.kind", "regarding.namespace", "regarding.name", "regarding.uid",
+                             "regarding.apiVersion", "regarding.resourceVersion", "regarding.fieldPath", "reason",
+                             "reportingController", "type"),
+    "/secrets": ("type",), "/namespaces": ("status.phase",), "/nodes": ("spec.unschedulable",),
+    "/services": ("spec.clusterIP", "spec.type"), "apps/replicasets": ("status.replicas",),
+    "batch/jobs": ("status.successful",),
+}
+
+
+def field_label_allowed(key: str, label: str) -> bool:
+    return label in ("metadata.name", "metadata.namespace") or label in BUILTIN_FIELD_LABELS.get(key, ())
+
+
 def parse_field_selector(text: str | None, allowed: Callable[[str], bool]) -> list[FieldRequirement]:
     reqs = []
     for term in split_terms(text or ""):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import datetime
 import json
 import logging
 from dataclasses import dataclass, field
@@ -11,12 +12,13 @@ from typing import Any, Callable
 
 import yaml
 
-from specfleet.cluster.apiserver import apply, crd, errors, patch
+from specfleet.cluster.apiserver import apply, builtin_rules, builtin_schema, crd, errors, patch, pods
 from specfleet.cluster.apiserver.errors import ApiError, Cause
-from specfleet.cluster.apiserver.meta import (SERVER_FIELDS, generated_name, meta, name_causes, new_uid, now)
+from specfleet.cluster.apiserver.meta import (SERVER_FIELDS, generated_name, meta, metadata_causes, name_causes,
+                                              new_uid, now, parse_time)
 from specfleet.cluster.apiserver.registry import Registry, ResourceType
-from specfleet.cluster.apiserver.selectors import (fields_match, labels_match, parse_field_selector,
-                                                     parse_label_selector, selector_string)
+from specfleet.cluster.apiserver.selectors import (field_label_allowed, fields_match, labels_match,
+                                                     parse_field_selector, parse_label_selector, selector_string)
 from specfleet.cluster.apiserver.store import Store
 
 log = logging.getLogger(__name__)
@@ -24,14 +26,21 @@ CRD_KEY = "apiextensions.k8s.io/customresourcedefinitions"
 NS_KEY = "/namespaces"
 PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                "application/strategic-merge-patch+json", "application/apply-patch+yaml")
+FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
+EXPIRED_CONTINUE = ("The provided continue parameter is too old to display a consistent list result. You can start a "
+                    "new list without the continue parameter, or use the continue token in this response to retrieve "
+                    "the remainder of the results. Continuing with the provided token results in an inconsistent list "
+                    "- objects that were created, modified, or deleted between the time the first chunk was returned "
+                    "and now may show up in the list.")
 
 
 @dataclass
 class WriteOptions:
     manager: str = "unknown"
     dry_run: bool = False
-    strict: bool = False
+    validation: str = "Warn"                 # fieldValidation: Strict | Warn (the server's default) | Ignore
     force: bool = False
+    warnings: list[str] = field(default_factory=list)    # sent back as `Warning: 299 - "..."` headers
 
 
 @dataclass
@@ -58,24 +67,33 @@ class Service:
 
     def selector_filter(self, rt: ResourceType, label: str | None, fields: str | None):
         labels = parse_label_selector(label)
-        allowed = (lambda p: True) if rt.builtin else (
+        allowed = (lambda p: field_label_allowed(rt.key, p)) if rt.builtin else (
             lambda p: p in ("metadata.name", "metadata.namespace") or "." + p in (rt.custom.selectable_fields or []))
         field_reqs = parse_field_selector(fields, allowed)
         return labels, field_reqs
 
     def list(self, rt: ResourceType, ns: str | None, label: str | None = None, fields: str | None = None,
              limit: int = 0, cont: str = "") -> dict[str, Any]:
+        """One page of a list. Every page of a `limit`/`continue` sequence is cut from the snapshot the first
+        page was served from, as etcd serves later pages at the first page's revision."""
         labels, field_reqs = self.selector_filter(rt, label, fields)
-        with self.store.lock:
-            rv = self.store.rv
-            items = [o for o in self.store.list(rt.key, ns if rt.namespaced else None)
-                     if labels_match(labels, o) and fields_match(field_reqs, o)]
-        list_meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        scope = ns if rt.namespaced else None
         if cont:
-            start = decode_continue(cont)
-            items = [o for o in items if sort_key(o) > start]
+            rv, start = decode_continue(cont)
+            everything = self.store.snapshot_at(rt.key, scope, rv)
+            if everything is None:
+                raise ApiError(410, "Expired", EXPIRED_CONTINUE)
+            everything = [o for o in everything if sort_key(o) > start]
+        else:
+            with self.store.lock:
+                rv, everything = self.store.rv, self.store.list(rt.key, scope)
+        items = [o for o in everything if labels_match(labels, o) and fields_match(field_reqs, o)]
+        list_meta: dict[str, Any] = {"resourceVersion": str(rv)}
         if limit and len(items) > limit:
-            list_meta["continue"] = encode_continue(sort_key(items[limit - 1]))
+            last = sort_key(items[limit - 1])
+            if not cont:
+                self.store.keep_snapshot(rt.key, scope, rv, everything)
+            list_meta["continue"] = encode_continue(rv, last)
             list_meta["remainingItemCount"] = len(items) - limit
             items = items[:limit]
         return {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": list_meta,
@@ -90,6 +108,7 @@ class Service:
         if not m.get("name") and m.get("generateName"):
             m["name"] = self.unique_name(rt, m)
         causes = name_causes(m.get("name", ""), label_only=rt.plural in ("namespaces", "services"))
+        causes += metadata_causes(m)
         if causes:
             raise errors.invalid(rt.kind, rt.group, m.get("name", ""), causes)
         if self.store.get(rt.key, m.get("namespace", ""), m["name"]) is not None:
@@ -158,7 +177,10 @@ class Service:
         elif rt.scale and rt.builtin:
             obj.setdefault("spec", {}).setdefault("replicas", 1)
         if rt.custom is not None:
-            crd.process_custom_object(rt, obj, None, opts.strict)
+            crd.process_custom_object(rt, obj, None, opts)
+        else:
+            builtin_schema.check(rt, obj, opts)
+            self.check_builtin_rules(rt, obj)
 
     # ------------------------------------------------------------ update
     def replace(self, rt: ResourceType, ns: str, name: str, body: Any, opts: WriteOptions,
@@ -172,6 +194,10 @@ class Service:
         """Validate and store an update of `old` to `new`, following the API server's rules."""
         m_old, m_new = old["metadata"], meta(new)
         self.check_identity(rt, m_old, m_new)
+        if from_put and rt.custom is not None and not m_new.get("resourceVersion"):
+            raise errors.invalid(rt.kind, rt.group, m_old["name"], [Cause(           # no unconditional CR update
+                "FieldValueInvalid", "Invalid value: 0x0: must be specified for an update",
+                "metadata.resourceVersion")])
         if from_put and m_new.get("resourceVersion") and m_new["resourceVersion"] != m_old["resourceVersion"]:
             raise errors.stale_update(rt.plural, rt.group, m_old["name"])
         if not from_put and m_new.get("resourceVersion", m_old["resourceVersion"]) != m_old["resourceVersion"]:
@@ -184,8 +210,17 @@ class Service:
             else:
                 m_new.pop(key, None)
         self.check_finalizers(rt, m_old, m_new)
+        causes = metadata_causes(m_new)
+        if causes:
+            raise errors.invalid(rt.kind, rt.group, m_old["name"], causes)
         if rt.custom is not None:
-            crd.process_custom_object(rt, new, old, opts.strict)
+            crd.process_custom_object(rt, new, old, opts)
+        else:
+            builtin_schema.check(rt, new, opts)
+            if subresource != "status":                 # the status strategy validates status alone
+                self.check_builtin_rules(rt, new)
+                if rt.key == pods.PODS_KEY and subresource != "binding":
+                    pods.check_update(old, new)
         if rt.key == CRD_KEY:
             crd.validate_crd(new)
             new["status"] = crd.established_status(new)
@@ -198,7 +233,8 @@ class Service:
             return self.served(rt, old)
         if opts.dry_run:
             return self.served(rt, new)
-        if m_new.get("deletionTimestamp") and not m_new.get("finalizers") and rt.key != NS_KEY:
+        if (m_new.get("deletionTimestamp") and not m_new.get("finalizers") and rt.key != NS_KEY
+                and not m_new.get("deletionGracePeriodSeconds")):     # a terminating pod waits for its kubelet
             return self.served(rt, self.finish_delete(rt, new))
         self.store.put(rt.key, new, old)
         self.after_write(rt, new)
@@ -225,10 +261,17 @@ class Service:
             result["metadata"]["resourceVersion"] = new["metadata"].get("resourceVersion",
                                                                         old["metadata"]["resourceVersion"])
             set_or_drop(result, "status", new.get("status"))
+            if "managedFields" in new["metadata"]:             # server-side apply's bookkeeping for /status
+                result["metadata"]["managedFields"] = new["metadata"]["managedFields"]
             return result
-        if rt.status:
+        if rt.status and subresource != "binding":        # a binding sets the PodScheduled condition too
             set_or_drop(new, "status", copy.deepcopy(old.get("status")))
         return new
+
+    def check_builtin_rules(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        causes = builtin_rules.causes(rt, obj)
+        if causes:
+            raise errors.invalid(rt.kind, rt.group, obj["metadata"].get("name", ""), causes)
 
     def check_finalizers(self, rt: ResourceType, m_old: dict[str, Any], m_new: dict[str, Any]) -> None:
         if not m_old.get("deletionTimestamp"):
@@ -254,7 +297,7 @@ class Service:
             raise errors.unsupported_media("the body of the request was in an unknown format - accepted media "
                                            "types include: application/json-patch+json, application/merge-patch+"
                                            "json, application/apply-patch+yaml")
-        new = patched(kind, old, body)
+        new = patched(kind, old, body, builtin_schema.kind_definition(rt))
         if not isinstance(new, dict):
             raise errors.bad_request("the patch produced something other than an object")
         new["apiVersion"], new["kind"] = rt.api_version, rt.kind
@@ -321,6 +364,15 @@ class Service:
         self.commit(rt, old, new, opts)
         return self.get_scale(rt, ns, name)
 
+    # ------------------------------------------------------------ pods/binding
+    def bind(self, rt: ResourceType, ns: str, name: str, body: Any, opts: WriteOptions) -> dict[str, Any]:
+        """POST pods/NAME/binding: assign the pod to the target node (201 Status), 409 if it is already."""
+        target = pods.check_binding(body, name)
+        old = self.existing(rt, ns, name)
+        new = pods.bound(old, body, target["name"])
+        self.commit(rt, old, new, opts, "binding")
+        return dict(pods.BINDING_SUCCESS)
+
     # ------------------------------------------------------------ delete
     def delete(self, rt: ResourceType, ns: str, name: str, options: dict[str, Any] | None = None,
                dry_run: bool = False) -> dict[str, Any]:
@@ -333,6 +385,11 @@ class Service:
             self.drop_custom_resources(obj)
         new = copy.deepcopy(obj)
         m = new["metadata"]
+        pending_grace = int(m.get("deletionGracePeriodSeconds") or 0) if m.get("deletionTimestamp") else 0
+        graceful = rt.key == pods.PODS_KEY and (pending_grace or not m.get("deletionTimestamp"))
+        grace = pods.grace_period(obj, options) if graceful else 0
+        if pending_grace and grace >= pending_grace:
+            return self.served(rt, obj)                 # a second DELETE may only shorten the grace period
         finalizers = list(m.get("finalizers") or [])
         policy = options.get("propagationPolicy") or ("Orphan" if options.get("orphanDependents") else "Background")
         extra = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}.get(policy)
@@ -341,12 +398,16 @@ class Service:
         if rt.key == NS_KEY:
             new.setdefault("status", {})["phase"] = "Terminating"
             finalizers = finalizers or []
-        if not finalizers and rt.key != NS_KEY:
+        if not finalizers and rt.key != NS_KEY and not grace:
             return self.served(rt, self.finish_delete(rt, obj))
         if finalizers:
             m["finalizers"] = finalizers
-        m.setdefault("deletionTimestamp", now())
-        m.setdefault("deletionGracePeriodSeconds", 0)
+        if not m.get("deletionTimestamp") and int(m.get("generation") or 0) > 0:
+            m["generation"] = int(m["generation"]) + 1          # controllers see that deletion started
+        if pending_grace:                                       # shortened: the deadline moves with it
+            m["deletionTimestamp"] = later(m["deletionTimestamp"], grace - pending_grace)
+        m.setdefault("deletionTimestamp", later(now(), grace))
+        m["deletionGracePeriodSeconds"] = grace
         if new != obj:
             self.store.put(rt.key, new, obj)
         self.trigger_gc()
@@ -420,12 +481,12 @@ def parse_json(raw: bytes) -> Any:
         raise errors.bad_request(f"error decoding patch: {exc}") from None
 
 
-def patched(kind: str, old: Any, body: Any) -> Any:
+def patched(kind: str, old: Any, body: Any, schema: dict[str, Any] | None = None) -> Any:
     if kind == "application/json-patch+json":
         return patch.json_patch(old, body)
     if kind == "application/merge-patch+json":
         return patch.merge_patch(old, body)
-    return patch.strategic_merge(old, body)
+    return patch.strategic_merge(old, body, schema)
 
 
 def strip_volatile(obj: dict[str, Any], keep_status: bool) -> dict[str, Any]:
@@ -448,6 +509,10 @@ def same_content(old: dict[str, Any], new: dict[str, Any]) -> bool:
 def managed_sets(obj: dict[str, Any]) -> list:
     return [(e.get("manager"), e.get("operation"), e.get("subresource"), e.get("fieldsV1"))
             for e in obj["metadata"].get("managedFields") or []]
+
+
+def later(timestamp: str, seconds: int) -> str:
+    return (parse_time(timestamp) + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def set_or_drop(obj: dict[str, Any], key: str, value: Any) -> None:
@@ -475,12 +540,14 @@ def sort_key(obj: dict[str, Any]) -> list[str]:
     return [m.get("namespace", ""), m["name"]]
 
 
-def encode_continue(key: list[str]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode()
+def encode_continue(rv: int, key: list[str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": key}).encode()).decode()
 
 
-def decode_continue(token: str) -> list[str]:
+def decode_continue(token: str) -> tuple[int, list[str]]:
     try:
-        return json.loads(base64.urlsafe_b64decode(token.encode()))
-    except ValueError:
-        raise errors.bad_request("invalid continue token") from None
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(data["rv"]), list(data["start"])
+    except (ValueError, KeyError, TypeError):
+        raise errors.bad_request("continue key is not valid: incorrect encoded start resourceVersion "
+                                 "(version meta.k8s.io/v1)") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -75,6 +75,9 @@ class Store:
     watchers: set[Watcher] = field(default_factory=set)
     listeners: list[Callable[[Event], None]] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    #: list snapshots that `continue` tokens point at: (key, namespace, rv) -> objects (never mutated in place)
+    snapshots: OrderedDict = field(default_factory=OrderedDict)
+    max_snapshots: int = 64
 
     # ------------------------------------------------------------ reads
     def get(self, key: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -87,6 +90,20 @@ class Store:
             if namespace is None:
                 return [items[k] for k in sorted(items)]
             return [items[k] for k in sorted(items) if k[0] == namespace]
+
+    def keep_snapshot(self, key: str, namespace: str | None, rv: int, items: list[dict[str, Any]]) -> None:
+        """Remember the list a paginated read started from, for its later pages."""
+        with self.lock:
+            self.snapshots[(key, namespace, rv)] = list(items)
+            while len(self.snapshots) > self.max_snapshots:
+                self.snapshots.popitem(last=False)
+
+    def snapshot_at(self, key: str, namespace: str | None, rv: int) -> list[dict[str, Any]] | None:
+        """The snapshot a continue token refers to; None once it is gone (the real server's compaction)."""
+        with self.lock:
+            if rv <= self.compacted:
+                return None
+            return self.snapshots.get((key, namespace, rv))
 
     def keys(self) -> list[str]:
         with self.lock:

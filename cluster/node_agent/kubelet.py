@@ -3,33 +3,29 @@
 A runner prepares the pod's volumes, runs init containers to completion, then keeps every container
 running as a local process (own session, log file under the state folder), restarting it on exit with
 exponential back-off (1 s doubling to 30 s, reset after a minute of uptime). Readiness comes from the
-readiness probe (httpGet or tcpSocket on the local port), liveness kills a hung process. Every change is
-written back to `pods/status` (phase, conditions, podIP 127.0.0.1, containerStatuses with restartCount).
-Stopping is SIGTERM to the process group, then SIGKILL after the grace period.
+readiness probe (httpGet or tcpSocket on the pod's address), liveness kills a hung process. Each pod has
+its own loopback address (`addresses.py`), given back once its processes have exited. Every change is
+written back to `pods/status` (phase, conditions, podIP, containerStatuses with restartCount).
+Stopping is SIGTERM to the process group, then SIGKILL after the grace period (`grace_s`: the pod's
+`deletionGracePeriodSeconds` when it is being deleted, see `agent.py`).
 """
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
-import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 
+from specfleet.cluster.api_client import ApiCallError, ApiClient
+from specfleet.cluster.children import die_with_parent, kill_group
 from specfleet.cluster.node_agent import volumes as vol
-from specfleet.cluster.node_agent.kube import KubeError
+from specfleet.cluster.node_agent.addresses import NODE_IP, AddressesExhausted, PodAddresses, container_ports
 
-if TYPE_CHECKING:
-    from specfleet.cluster.node_agent import NodeAgent
-
-POD_IP = "127.0.0.1"
-PORTS_ANNOTATION = "specfleet.io/ports"
-ENDPOINT_ANNOTATION = "specfleet.io/endpoint"
 BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 1.0, 30.0, 60.0
 
 
@@ -54,15 +50,29 @@ class ContainerStatus:
                 "containerID": f"local://{self.pid}" if self.pid else ""}
 
 
+class Node(Protocol):
+    """What a runner uses of its node agent (`agent.NodeAgent`)."""
+
+    state_dir: Path
+    node_name: str
+    host_cache: str | None
+    api: ApiClient
+    http: aiohttp.ClientSession
+    addresses: PodAddresses
+
+    def event(self, message: str) -> None: ...
+
+    def track_pid(self, pid: int, alive: bool) -> None: ...
+
+
 class PodRunner:
     """Runs one Pod as local processes until `stop()`."""
 
-    def __init__(self, agent: "NodeAgent", pod: dict):
+    def __init__(self, agent: Node, pod: dict):
         meta, spec = pod["metadata"], pod["spec"]
         self.agent, self.pod = agent, pod
         self.uid, self.name, self.namespace = meta["uid"], meta["name"], meta.get("namespace", "default")
         self.dir = agent.state_dir / "pods" / f"{self.namespace}_{self.name}"
-        self.ports = {int(k): v for k, v in json.loads((meta.get("annotations") or {}).get(PORTS_ANNOTATION, "{}")).items()}
         self.grace_s = float(spec.get("terminationGracePeriodSeconds", 30))
         self.containers = [ContainerStatus(c["name"], c.get("image", "")) for c in spec.get("containers") or []]
         self.init_statuses = [ContainerStatus(c["name"], c.get("image", "")) for c in spec.get("initContainers") or []]
@@ -75,11 +85,23 @@ class PodRunner:
         self._sent: dict | None = None
         self._cond_times: dict[str, tuple[str, str]] = {}
         self._lock = asyncio.Lock()
+        try:
+            self.ip: str | None = agent.addresses.allocate(self.uid, container_ports(spec))
+        except AddressesExhausted as exc:
+            self.ip = None
+            self._waiting_all("CreatePodSandboxError", str(exc))
         self.task = asyncio.create_task(self.run())
+        self.task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.agent.event(f"{self.namespace}/{self.name}: the kubelet failed: {task.exception()!r}")
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def run(self) -> None:
         await self.report()
+        if self.ip is None:
+            return
         mounts = await self._prepare_until_ready()
         if mounts is None:
             return
@@ -97,22 +119,23 @@ class PodRunner:
         grace = self.grace_s if grace_s is None else min(grace_s, self.grace_s)
         procs = [p for p in self.procs.values() if p.returncode is None]
         for proc in procs:
-            _signal_group(proc.pid, signal.SIGTERM)
+            kill_group(proc.pid, signal.SIGTERM)
             self.agent.event(f"{self.namespace}/{self.name}: stopping pid {proc.pid} (SIGTERM)")
         try:
             await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), timeout=grace)
         except asyncio.TimeoutError:
             for proc in procs:
-                _signal_group(proc.pid, signal.SIGKILL)
+                kill_group(proc.pid, signal.SIGKILL)
             await asyncio.gather(*(p.wait() for p in procs))
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
+        self.agent.addresses.release(self.uid)
 
     def kill_now(self) -> None:
         """SIGKILL everything at once (teardown after the grace period, or a crash of the agent)."""
         for proc in self.procs.values():
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGKILL)
+                kill_group(proc.pid, signal.SIGKILL)
 
     async def _prepare_until_ready(self) -> dict[str, list] | None:
         while not self.stopping:
@@ -139,7 +162,7 @@ class PodRunner:
             return Path(source["path"])
         if kind in ("secret", "configMap"):
             ref = source.get("secretName") if kind == "secret" else source.get("name")
-            obj = await self.agent.kube.get("Secret" if kind == "secret" else "ConfigMap", self.namespace, ref)
+            obj = await self.agent.api.get("Secret" if kind == "secret" else "ConfigMap", self.namespace, ref)
             if obj is None and not source.get("optional"):
                 raise vol.PodConfigError("CreateContainerConfigError", f"{kind} {ref!r} not found")
             vol.write_keys(folder, vol.decode(obj or {}), source)
@@ -189,7 +212,7 @@ class PodRunner:
                         probe: bool = False) -> int | None:
         """Start the container's process and wait for it; None when it could not start."""
         try:
-            argv = vol.container_argv(container, mounts, self.ports, self.primary_port())
+            argv = vol.container_argv(container, mounts, self.ip)
             env = await self._env(container, mounts)
         except vol.PodConfigError as exc:
             status.state = {"waiting": {"reason": exc.reason, "message": str(exc)}}
@@ -205,7 +228,7 @@ class PodRunner:
             Path(cwd).mkdir(parents=True, exist_ok=True)
             proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
                                                         stdout=log, stderr=asyncio.subprocess.STDOUT,
-                                                        start_new_session=True)
+                                                        start_new_session=True, preexec_fn=die_with_parent())
         self.procs[status.name] = proc
         self.agent.track_pid(proc.pid, True)
         started_at = now_iso()
@@ -238,7 +261,7 @@ class PodRunner:
         for source in container.get("envFrom") or []:
             ref = source.get("secretRef") or source.get("configMapRef") or {}
             kind = "Secret" if "secretRef" in source else "ConfigMap"
-            obj = await self.agent.kube.get(kind, self.namespace, ref.get("name", ""))
+            obj = await self.agent.api.get(kind, self.namespace, ref.get("name", ""))
             for key, value in vol.decode(obj or {}).items():
                 env[source.get("prefix", "") + key] = value.decode()
         return env
@@ -249,13 +272,13 @@ class PodRunner:
         source = item["valueFrom"]
         if "fieldRef" in source:
             fields = {"metadata.name": self.name, "metadata.namespace": self.namespace, "metadata.uid": self.uid,
-                      "status.podIP": POD_IP, "status.hostIP": POD_IP, "spec.nodeName": self.agent.node_name}
+                      "status.podIP": self.ip, "status.hostIP": NODE_IP, "spec.nodeName": self.agent.node_name}
             return fields.get(source["fieldRef"].get("fieldPath"), "")
         ref = source.get("secretKeyRef") or source.get("configMapKeyRef")
         if ref is None:
             return None
         kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
-        obj = await self.agent.kube.get(kind, self.namespace, ref.get("name", ""))
+        obj = await self.agent.api.get(kind, self.namespace, ref.get("name", ""))
         value = vol.decode(obj or {}).get(ref.get("key", ""))
         if value is None:
             if ref.get("optional"):
@@ -282,16 +305,19 @@ class PodRunner:
                 live_failures = 0 if await self._check(liveness, container) else live_failures + 1
                 if live_failures >= liveness.get("failureThreshold", 3):
                     self.agent.event(f"{self.namespace}/{self.name}: liveness failed; killing pid {proc.pid}")
-                    _signal_group(proc.pid, signal.SIGKILL)
+                    kill_group(proc.pid, signal.SIGKILL)
                     return
             period = (readiness or {}).get("periodSeconds", 1)
             await asyncio.sleep(min(period, 1.0) if status.ready else 0.3)
 
     async def _check(self, probe: dict, container: dict) -> bool:
         timeout = probe.get("timeoutSeconds", 1)
+        ref = (probe.get("httpGet") or probe.get("tcpSocket") or {}).get("port")
+        if ref is not None and self.port(ref, container) is None:
+            return False
         if "httpGet" in probe:
             get = probe["httpGet"]
-            url = f"http://{POD_IP}:{self.local_port(get.get('port'), container)}{get.get('path', '/')}"
+            url = f"http://{self.ip}:{self.port(get.get('port'), container)}{get.get('path', '/')}"
             try:
                 async with self.agent.http.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
                     return 200 <= response.status < 400
@@ -299,22 +325,21 @@ class PodRunner:
                 return False
         if "tcpSocket" in probe:
             try:
-                port = self.local_port(probe["tcpSocket"].get("port"), container)
-                _, writer = await asyncio.wait_for(asyncio.open_connection(POD_IP, port), timeout)
+                port = self.port(probe["tcpSocket"].get("port"), container)
+                _, writer = await asyncio.wait_for(asyncio.open_connection(self.ip, port), timeout)
                 writer.close()
                 return True
             except (OSError, asyncio.TimeoutError):
                 return False
         return True   # exec probes: not run locally; the process being up is the signal
 
-    def local_port(self, ref, container: dict) -> int:
+    @staticmethod
+    def port(ref, container: dict) -> int | None:
+        """A probe's port: a number, or the name of one of the container's ports (None: no such name)."""
         if isinstance(ref, str) and not ref.isdigit():
-            ref = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == ref),
-                       self.primary_port())
-        return self.ports.get(int(ref), int(ref))
-
-    def primary_port(self) -> int | None:
-        return next(iter(self.ports.values()), None)
+            named = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == ref), None)
+            return None if named is None else int(named)
+        return int(ref)
 
     # -- status ---------------------------------------------------------------------------------------
     def _waiting_all(self, reason: str, message: str) -> None:
@@ -326,9 +351,10 @@ class PodRunner:
         all_ready = bool(self.containers) and all(c.ready for c in self.containers)
         conditions = [self._condition("PodScheduled", True), self._condition("Initialized", self.initialized),
                       self._condition("ContainersReady", all_ready), self._condition("Ready", all_ready)]
-        status = {"phase": self.phase, "conditions": conditions, "hostIP": POD_IP, "podIP": POD_IP,
-                  "podIPs": [{"ip": POD_IP}], "startTime": self.start_time, "qosClass": "Burstable",
-                  "containerStatuses": [c.as_dict() for c in self.containers]}
+        status = {"phase": self.phase, "conditions": conditions, "hostIP": NODE_IP, "startTime": self.start_time,
+                  "qosClass": "Burstable", "containerStatuses": [c.as_dict() for c in self.containers]}
+        if self.ip is not None:
+            status.update(podIP=self.ip, podIPs=[{"ip": self.ip}])
         if self.init_statuses:
             status["initContainerStatuses"] = [c.as_dict() for c in self.init_statuses]
         if self.reason:
@@ -353,9 +379,9 @@ class PodRunner:
             if status == self._sent:
                 return
             try:
-                await self.agent.kube.patch("Pod", self.namespace, self.name, {"status": status}, "status")
+                await self.agent.api.patch("Pod", self.namespace, self.name, {"status": status}, "status")
                 self._sent = status
-            except KubeError as exc:
+            except ApiCallError as exc:
                 if exc.status != 404:
                     self.agent.event(f"{self.namespace}/{self.name}: status update failed: {exc}")
             except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -366,10 +392,3 @@ class PodRunner:
             await asyncio.wait_for(self._wake.wait(), seconds)
         except asyncio.TimeoutError:
             pass
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -2,8 +2,9 @@
 
 Each volume becomes a local folder (emptyDir: a fresh folder under the pod's state folder; secret and
 configMap: their keys written as files; hostPath: the path itself), and every path that starts with a
-mount path, in args, command and env values, is rewritten to that folder. `--port N` is rewritten to the
-port the agent assigned. All pure but `materialize`, which writes the files.
+mount path, in args, command and env values, is rewritten to that folder. A server the agent knows
+(`specfleet engine serve`, `vllm serve`) is told to listen on the pod's own address. All pure but
+`write_keys`, which writes the files.
 """
 from __future__ import annotations
 
@@ -53,29 +54,6 @@ def translate(value: str, mounts: list[tuple[str, str]]) -> str:
     return value
 
 
-def rewrite_ports(args: list[str], ports: dict[int, int], default: int | None) -> list[str]:
-    """`--port N` / `--port=N` pointed at the local port that stands for container port N."""
-    out, i = [], 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--port" and i + 1 < len(args):
-            out += [arg, str(_local(args[i + 1], ports, default))]
-            i += 2
-            continue
-        if arg.startswith("--port="):
-            arg = f"--port={_local(arg[7:], ports, default)}"
-        out.append(arg)
-        i += 1
-    return out
-
-
-def _local(value: str, ports: dict[int, int], default: int | None) -> int | str:
-    try:
-        return ports.get(int(value), default if default is not None else value)
-    except ValueError:
-        return value
-
-
 def executable(command: list[str]) -> list[str]:
     """The container's command as a local argv: `specfleet` is this installation's CLI."""
     if not command:
@@ -90,12 +68,17 @@ def executable(command: list[str]) -> list[str]:
     return [found, *rest]
 
 
-def container_argv(container: dict, mounts: list[tuple[str, str]], ports: dict[int, int],
-                   default_port: int | None) -> list[str]:
+SERVERS = (("engine", "serve"), ("vllm", "serve"))   # command endings that take `--host ADDRESS`
+
+
+def container_argv(container: dict, mounts: list[tuple[str, str]], pod_ip: str) -> list[str]:
+    """The local argv of a container; a known server listens on the pod's address, as it would on all of
+    a pod's (one-address) interfaces on a cluster, instead of every address of this machine."""
     argv = executable([translate(c, mounts) for c in container.get("command") or []])
-    args = rewrite_ports([translate(a, mounts) for a in container.get("args") or []], ports, default_port)
-    if argv[-2:] == ["engine", "serve"] and "--host" not in args:
-        args += ["--host", "127.0.0.1"]   # the engine listens on 0.0.0.0 by default; keep it on loopback
+    args = [translate(a, mounts) for a in container.get("args") or []]
+    words = [Path(w).name for w in argv[-2:]]
+    if tuple(words) in SERVERS and not any(a == "--host" or a.startswith("--host=") for a in args):
+        args += ["--host", pod_ip]
     return argv + args
 
 

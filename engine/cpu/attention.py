@@ -4,7 +4,8 @@ The torch reference path gathers every sequence's blocks into a padded copy and 
 batched matmuls: three copies of the whole context per layer and step, which is most of a CPU decode
 step. `paged_attention.cpp` reads K/V in place through the block table instead. It is compiled once per
 machine with torch's cpp_extension (g++ and ninja) into `kernel_build_dir()`, under the specfleet cache;
-where that is impossible the engine logs why and keeps the torch path.
+where that is impossible the engine logs why and keeps the torch path. The same extension carries the
+decoder's fused elementwise steps (`fused_ops.cpp`, wrapped by `engine/cpu/elementwise.py`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import torch
 from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, TorchPagedAttention
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
+SOURCES = [Path(__file__).with_name("paged_attention.cpp"), Path(__file__).with_name("fused_ops.cpp")]
+FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary"]
 _lock = threading.Lock()
 _module = None
 _error: str | None = None
@@ -36,8 +38,8 @@ def load_kernel():
 
                 build_dir = kernel_build_dir()
                 build_dir.mkdir(parents=True, exist_ok=True)
-                _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[SOURCE.read_text()],
-                                      functions=["paged_attention_short"], build_directory=str(build_dir),
+                _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[p.read_text() for p in SOURCES],
+                                      functions=FUNCTIONS, build_directory=str(build_dir),
                                       extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
                                       extra_ldflags=["-fopenmp"])
             except Exception as exc:        # no compiler, no ninja, read-only home: fall back, say why
@@ -47,12 +49,15 @@ def load_kernel():
 
 
 def kernel_build_dir() -> Path:
-    """Per torch version, Python version and CPU (the build is -march=native) under the specfleet cache,
-    which local-fleet pods share (their HOME is a per-pod /tmp): compiled once per machine, not per pod."""
+    """Per torch installation, Python version and CPU (the build is -march=native) under the specfleet
+    cache, which local-fleet pods share (their HOME is a per-pod /tmp): compiled once per machine, not per
+    pod. The torch installation's folder is part of the key because the build files name its headers and
+    libraries: two virtual environments sharing one folder would rebuild it for each other."""
     from specfleet.engine.builtin import cache_root
 
     python = f"py{sys.version_info[0]}{sys.version_info[1]}"
-    return cache_root() / "kernels" / f"cpu_attention-torch{torch.__version__}-{python}-{_cpu_tag()}"
+    install = hashlib.sha1(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
+    return cache_root() / "kernels" / f"cpu_attention-torch{torch.__version__}-{install}-{python}-{_cpu_tag()}"
 
 
 def _cpu_tag() -> str:

@@ -47,16 +47,41 @@ class LlamaShape:
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
 
 
+class TorchElementwise:
+    """The decoder's elementwise steps in plain torch: the reference. A backend may swap in an object with
+    the same four functions (`engine/cpu/fused_ops.cpp` runs these very kernels, one call per step)."""
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(x.dtype)
+
+    @staticmethod
+    def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+        """(residual + x, rms_norm(residual + x)): the stream after a sub-layer and the next one's input."""
+        total = residual + x
+        return total, TorchElementwise.rms_norm(total, weight, eps)
+
+    @staticmethod
+    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.ops = TorchElementwise
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -72,10 +97,6 @@ class RotaryEmbedding(nn.Module):
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for the step's positions, [tokens, 1, head_dim]; computed once, used by every layer."""
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
-
-
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -95,6 +116,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
             self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
         self.attend = TorchPagedAttention(scale=shape.head_dim ** -0.5)
+        self.ops = TorchElementwise
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -105,7 +127,7 @@ class Attention(nn.Module):
         v = v.view(-1, s.num_kv_heads, s.head_dim)
         if s.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+        q, k = self.ops.rotary(q, k, *rope)
         self.attend.write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
         out = self.attend(q, kv_cache[0], kv_cache[1], meta)
         return self.o_proj(out.view(-1, self.q_size))
@@ -116,10 +138,10 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(shape.hidden_size, 2 * shape.intermediate_size, bias=False)
         self.down_proj = nn.Linear(shape.intermediate_size, shape.hidden_size, bias=False)
+        self.ops = TorchElementwise
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -131,8 +153,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
     def forward(self, rope, x, kv_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        norm = self.post_attention_layernorm
+        x, normed = norm.ops.add_rms_norm(self.self_attn(rope, self.input_layernorm(x), kv_cache, meta), x,
+                                          norm.weight, norm.eps)
+        return x + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):
@@ -171,6 +195,12 @@ class LlamaForCausalLM(nn.Module):
     def set_attention_backend(self, factory) -> None:
         for layer in self.model.layers:
             layer.self_attn.attend = factory(self.shape.head_dim ** -0.5)
+
+    def set_elementwise(self, ops) -> None:
+        """Route RMSNorm, residual + RMSNorm, SiLU-and-mul and RoPE through `ops` (see TorchElementwise)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.ops = ops
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())

@@ -1,34 +1,21 @@
-"""Admin API: the operator's live speculation switch, behind a bearer token when one is configured.
+"""Admin API: the operator's live speculation switch, off unless a bearer token is configured.
 
 `GET /admin/speculation` reports the state; `POST /admin/speculation {"enabled", "num_speculative_tokens"}`
-changes it (the engine applies it at its next step). 409 while speculation is not configured.
+changes it (the engine applies it at its next step). Without `--admin-token-file` every admin route
+answers 403 `admin_api_disabled`; with it, a missing or wrong token gets 401 (`auth.require_admin`).
+409 while speculation is not configured.
 """
 from __future__ import annotations
 
-import hmac
-from pathlib import Path
-
 from fastapi import APIRouter, Depends, Request
 
+from specfleet.engine.server import auth
 from specfleet.engine.server.openai_protocol import OpenAIError, SpeculationUpdate, bad_request
-from specfleet.engine.spec.control import SpeculationNotConfigured
-
-
-def read_token_file(path: str | Path) -> str:
-    token = Path(path).read_text(encoding="utf-8").strip()
-    if not token:
-        raise ValueError(f"admin token file {path} is empty")
-    return token
+from specfleet.engine.speculative.control import SpeculationNotConfigured
 
 
 def require_admin(request: Request) -> None:
-    expected = request.app.state.server.admin_token
-    if expected is None:
-        return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
-        raise OpenAIError(401, "missing or wrong admin bearer token", "authentication_error",
-                          code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    auth.require_admin(request.app.state.server.access, request.headers.get("authorization"))
 
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)], tags=["admin"])

@@ -1,5 +1,9 @@
 """The FastAPI app: OpenAI endpoints, health/readiness, Prometheus metrics and the admin API.
 
+With API keys configured, every route but `/health`, `/ready`, `/metrics` (probes, scrapers) and
+`/admin/*` (its own token) answers 401 without one (`auth.ApiKeyGate`); the admin API is off unless an
+admin token is given.
+
 Every error leaves in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`: our own
 errors, request validation (422 becomes 400, as OpenAI answers), unknown routes and anything unexpected.
 """
@@ -18,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specfleet.engine.server import admin
 from specfleet.engine.server.async_engine import AsyncEngine
+from specfleet.engine.server.auth import Access, ApiKeyGate
 from specfleet.engine.server.limits import AdmissionGate, BodyLimit, ServerLimits
 from specfleet.engine.server.metrics import ServerMetrics
 from specfleet.engine.server.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
@@ -32,12 +37,13 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 
 def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_token: str | None = None,
-               limits: ServerLimits | None = None) -> FastAPI:
+               limits: ServerLimits | None = None, api_keys: tuple[str, ...] = ()) -> FastAPI:
     """Build the app around an AsyncEngine; the app's lifespan starts and stops its stepping thread."""
     metrics = metrics or ServerMetrics(engine.engine.model_name)
     metrics.attach(engine)
     limits = limits or ServerLimits()
-    state = ServerState(engine, metrics, engine.engine.model_name, admin_token, limits)
+    access = Access(tuple(api_keys), admin_token)
+    state = ServerState(engine, metrics, engine.engine.model_name, access, limits)
     serving = OpenAIServing(state)
 
     @asynccontextmanager
@@ -51,6 +57,7 @@ def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
     config = engine.engine.config
     app.add_middleware(AdmissionGate, limit=limits.max_in_flight or config.max_num_seqs + config.max_waiting_requests)
+    app.add_middleware(ApiKeyGate, access=access)            # added last: outermost, before any body is read
     _install_error_handlers(app)
     app.include_router(admin.router)
 

@@ -64,7 +64,9 @@ class RequestStream:
 @dataclass
 class _Timing:
     arrival: float
+    first_token: float | None = None
     last_token: float | None = None
+    tokens: int = 0
 
 
 @dataclass
@@ -217,8 +219,10 @@ class AsyncEngine:
             return
         n = len(out.new_token_ids)
         if n:
+            timing.tokens += n
             if timing.last_token is None:
                 self.observer.first_token(now - timing.arrival)
+                timing.first_token = now
                 n -= 1
             else:
                 self.observer.inter_token((now - timing.last_token) / n, n)
@@ -226,6 +230,9 @@ class AsyncEngine:
         if out.finished:
             self._timings.pop(out.request_id, None)
             self.observer.finished(out.finish_reason, now - timing.arrival)
+            if timing.first_token is not None and out.finish_reason != "abort":
+                tpot = (now - timing.first_token) / (timing.tokens - 1) if timing.tokens > 1 else 0.0
+                self.observer.served(timing.first_token - timing.arrival, tpot)
 
     def _resolve(self, future: asyncio.Future, exc: BaseException | None) -> None:
         def settle() -> None:
@@ -263,5 +270,8 @@ class RequestObserver:
     def inter_token(self, itl_s: float, count: int) -> None: ...
 
     def finished(self, finish_reason: str | None, e2e_s: float) -> None: ...
+
+    def served(self, ttft_s: float, tpot_s: float) -> None:
+        """A request that produced output and was not aborted: its TTFT and mean time per output token."""
 
 

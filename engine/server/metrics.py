@@ -75,6 +75,12 @@ class ServerMetrics:
                                           label, buckets=ITERATION_TOKEN_BUCKETS, registry=r).labels(model_name)
         self.request_success = Counter("vllm:request_success", "Count of finished requests by finish reason.",
                                        ["model_name", "finished_reason"], registry=r)
+        self.slo_served = Counter("specfleet:requests_slo_served", "Requests that finished with output (not "
+                                  "aborted): the denominator of SLO attainment.", label, registry=r).labels(model_name)
+        self.slo_met = Counter("specfleet:requests_slo_met", "Served requests whose TTFT met --ttft-deadline-ms and "
+                               "whose mean time per output token met --itl-target-ms.", label,
+                               registry=r).labels(model_name)
+        self.slo_targets_s: tuple[float | None, float | None] = (None, None)
         self.batch_size = Histogram("specfleet:batch_size", "Histogram of sequences per engine step.", label,
                                     buckets=BATCH_BUCKETS, registry=r).labels(model_name)
         step_labels = ["model_name", "batch_size_bucket", "speculating"]
@@ -91,6 +97,9 @@ class ServerMetrics:
 
     def attach(self, engine: "AsyncEngine") -> None:
         self.engine = engine
+        config = engine.engine.config
+        self.slo_targets_s = tuple(None if ms is None else ms / 1000.0
+                                   for ms in (config.ttft_deadline_ms, config.itl_target_ms))
         engine.observer = self
         engine.engine.step_listeners.append(self.observe_step)
 
@@ -115,6 +124,12 @@ class ServerMetrics:
         self.request_success.labels(self.model_name, finish_reason or "unknown").inc()
         if finish_reason != "abort":
             self.e2e.observe(e2e_s)
+
+    def served(self, ttft_s: float, tpot_s: float) -> None:
+        ttft_target, itl_target = self.slo_targets_s
+        self.slo_served.inc()
+        if (ttft_target is None or ttft_s <= ttft_target) and (itl_target is None or tpot_s <= itl_target):
+            self.slo_met.inc()
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()

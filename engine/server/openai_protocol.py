@@ -1,7 +1,9 @@
 """OpenAI wire format: request models (validated with pydantic), response bodies and the error shape.
 
 Requests ignore unknown fields (as vLLM does), reject what the engine cannot honour with a clear 400,
-and carry vLLM's extensions (`top_k`, `ignore_eos`, `stop_token_ids`).
+and carry vLLM's extensions (`top_k`, `ignore_eos`, `stop_token_ids`). vLLM's own benchmark client
+(`vllm bench serve`) always sends `repetition_penalty: 1.0` and may send `min_p` and `min_tokens`: their
+neutral values are accepted, anything else is refused by name.
 """
 from __future__ import annotations
 
@@ -60,11 +62,18 @@ class _SamplingRequest(_Request):
     user: str | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] | None = None
 
     def unsupported(self) -> str | None:
         """The name of a field set to something the engine does not implement, if any."""
         if self.presence_penalty or self.frequency_penalty:
             return "presence_penalty" if self.presence_penalty else "frequency_penalty"
+        if self.repetition_penalty not in (None, 1.0):
+            return "repetition_penalty"
+        if self.min_p or self.min_tokens:
+            return "min_p" if self.min_p else "min_tokens"
         return "logit_bias" if self.logit_bias else None
 
 

@@ -46,22 +46,28 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def build_app(config: EngineConfig, admin_token_file: str | None = None, limits=None):
+def build_app(config: EngineConfig, admin_token_file: str | None = None, limits=None,
+              api_keys: tuple[str, ...] = ()):
     """Load the model and build the app (returns the app and its shared ServerState)."""
     from specfleet.engine.engine import LLMEngine
-    from specfleet.engine.server.admin import read_token_file
     from specfleet.engine.server.app import create_app
     from specfleet.engine.server.async_engine import AsyncEngine
+    from specfleet.engine.server.auth import read_token_file
 
     token = read_token_file(admin_token_file) if admin_token_file else None
-    app = create_app(AsyncEngine(LLMEngine(config)), admin_token=token, limits=limits)
+    app = create_app(AsyncEngine(LLMEngine(config)), admin_token=token, limits=limits, api_keys=api_keys)
     return app, app.state.server
 
 
 def run_server(config: EngineConfig, host: str = "0.0.0.0", port: int = 8000, admin_token_file: str | None = None,
-               drain_timeout_s: float = 30.0, log_level: str = "info", limits=None) -> None:
+               drain_timeout_s: float = 30.0, log_level: str = "info", limits=None,
+               api_keys: tuple[str, ...] = ()) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app, state = build_app(config, admin_token_file, limits)
+    app, state = build_app(config, admin_token_file, limits, api_keys)
+    if not api_keys:
+        log.warning("no API key configured: the OpenAI endpoints are open to anyone who reaches %s:%d", host, port)
+    if state.access.admin_token is None:
+        log.info("no admin token configured: the admin API is off")
     uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
                                timeout_keep_alive=5, access_log=log_level == "debug")
     DrainingServer(uv_config, state, drain_timeout_s).run()

@@ -21,6 +21,7 @@ from specfleet.engine.outputs import RequestOutput
 from specfleet.engine.sampling_params import SamplingParams
 from specfleet.engine.server import openai_protocol as proto
 from specfleet.engine.server.async_engine import EngineDead, RequestStream, SubRequest
+from specfleet.engine.server.auth import Access
 from specfleet.engine.server.limits import ServerLimits
 from specfleet.engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 
@@ -33,7 +34,7 @@ class ServerState:
     engine: "AsyncEngine"                      # noqa: F821 - specfleet.engine.server.async_engine
     metrics: "ServerMetrics"                   # noqa: F821 - specfleet.engine.server.metrics
     model_name: str
-    admin_token: str | None = None
+    access: Access = field(default_factory=Access)
     limits: ServerLimits = field(default_factory=ServerLimits)
     created: int = field(default_factory=proto.now)
     draining: bool = False
@@ -161,6 +162,8 @@ class OpenAIServing:
             prompt = [prompt]
         if not prompt:
             raise proto.bad_request("prompt must not be empty", "prompt")
+        if self.state.tokenizer is None and any(isinstance(p, str) for p in prompt):
+            raise proto.bad_request("this server runs without a tokenizer: send prompts as token ids", "prompt")
         return [self.state.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
@@ -243,11 +246,15 @@ class OpenAIServing:
 
     async def _events(self, stream: RequestStream, job: _Job, fmt: "_Format") -> AsyncIterator[str]:
         choices = [_Choice() for _ in stream.request_ids]
-        for chunk in fmt.opening(len(choices)):
-            yield _sse(chunk)
+        opening = fmt.opening(len(choices))
         try:
             while not stream.finished:
                 out = await stream.next()
+                # The role chunk goes out with the first output, as vLLM's does: a client that times the
+                # first chunk (vLLM's benchmark) then measures the first token, not the request's admission.
+                for chunk in opening:
+                    yield _sse(chunk)
+                opening = []
                 index = stream.index(out.request_id)
                 chunk = fmt.chunk(index, out, choices[index])
                 if chunk is not None:
@@ -331,7 +338,7 @@ class _Format:
         return len(self.job.params) // len(self.job.prompts)
 
     def _token(self, token_id: int) -> str:
-        return self.state.tokenizer.decode([token_id])
+        return self.state.tokenizer.decode([token_id]) if self.state.tokenizer is not None else ""
 
     def opening(self, num_choices: int) -> list[dict]:
         return []

@@ -1,6 +1,7 @@
 -- Argo CD resource health for specfleet.io/InferenceService.
--- Install under resource.customizations.health.specfleet.io_InferenceService in argocd-cm
--- (see manifests/argocd/argocd-cm-patch.yaml).
+-- `kubectl kustomize manifests/argocd` renders the argocd-cm entry that installs it.
+-- Degraded: the operator says so, the fleet misses its SLO, or the SLO error budget burns fast
+-- (the SLOAtRisk condition).
 local hs = {status = "Progressing", message = "Waiting for the operator"}
 if obj.status == nil then
   return hs
@@ -20,6 +21,12 @@ local degraded = conditions["Degraded"]
 if degraded ~= nil and degraded.status == "True" then
   hs.status = "Degraded"
   hs.message = (degraded.reason or "Degraded") .. ": " .. (degraded.message or "")
+  return hs
+end
+local atRisk = conditions["SLOAtRisk"]
+if atRisk ~= nil and atRisk.status == "True" then
+  hs.status = "Degraded"
+  hs.message = "SLO error budget burning fast: " .. (atRisk.message or "")
   return hs
 end
 local ready = conditions["Ready"]

@@ -1,6 +1,4 @@
-"""The control loop (DESIGN.md section 5): metrics windows, calibration, and the pure autoscaling and
-speculation policies, plus `loop.py`, the I/O shell the kopf timer calls.
-
-Everything but `loop.py` is pure: no Kubernetes, no HTTP, no clock; the fleet simulator
-(`specfleet.operator.simulator`) drives the same functions.
-"""
+"""The control loop (docs/control.md): metrics windows, calibration and the pure autoscaling and speculation
+policies (`window`, `calibration`, `autoscaler`, `speculation`, `coordinator`, `loop`), and its I/O
+(`discovery` of engine pods, `runner`: one service's step, `scheduler`: when each service steps,
+`telemetry`: the operator's own metrics)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from specfleet.operator.control.calibration import ServiceModel
+from specfleet.operator.capacity import TARGET_UTILIZATION, ServiceModel
 from specfleet.operator.control.window import Window
 
 
@@ -34,7 +34,7 @@ class ScalingPolicy:
     max_replicas: int = 4
     scale_up_stabilization_s: float = 30.0
     scale_down_stabilization_s: float = 300.0
-    target_utilization: float = 0.9     # share of the SLO batch and of the prefill rate a replica is sized
+    target_utilization: float = TARGET_UTILIZATION  # share of the SLO batch and of the prefill rate a replica is sized
                                         # to use (the prefill share lower where the TTFT target needs it)
     scale_down_utilization: float = 0.95  # a smaller fleet must stay under this share to be chosen
     drain_s: float = 30.0               # a queue is planned to drain within this time

@@ -1,169 +1,21 @@
-"""The calibrated performance model of one service: what a replica can carry at the SLO.
+"""Calibration of a running service: refit the performance model to the engines' step times.
 
-`ServiceModel` bundles the model shape, the current calibration, the SLO and the plan's limits, and
-answers the autoscaler's and speculation controller's questions (capacity per replica at a batch,
-the batch a replica can hold within the ITL target, goodput-optimal k, maxBatchForSpeculation).
 `recalibrate` refits BW_eff / FLOPS_eff / t_fixed from the engines' step-time histograms
-(`Window.steps`), blended with the previous fit and bounded to a sane range of the prior.
+(`Window.steps`), blended with the previous fit and bounded to a sane range of the prior. What a
+replica carries with that calibration is `specfleet.operator.capacity`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from dataclasses import replace
 
 from specfleet.operator import perfmodel as pm
+from specfleet.operator.capacity import ServiceModel
 from specfleet.operator.control.window import StepStat
 
 MIN_STEPS = 20          # steps per bucket before a bucket counts as evidence
 BLEND = 0.5             # weight of a new fit against the previous calibration
 BOUND = 5.0             # a fit stays within [prior / BOUND, prior x BOUND]
-
-
-@dataclass(frozen=True)
-class ServiceModel:
-    shape: pm.ModelShape
-    cal: pm.Calibration
-    prior: pm.Calibration
-    ctx: int                   # mean context of a decoding sequence
-    prompt_tokens: int
-    output_tokens: int
-    ttft_s: float
-    itl_s: float
-    max_num_seqs: int
-    chunk: int                 # max_num_batched_tokens
-    max_k: int
-    min_acceptance: float
-    draft: pm.DraftTime = pm.no_draft_cost
-
-    def step(self, batch: float, k: int = 0) -> float:
-        return pm.spec_step_time(self.shape, self.cal, max(1, round(batch)), self.ctx, k, self.draft)
-
-    def token_time(self, batch: float, alpha: float, k: int) -> float:
-        """Mean time between output tokens of one sequence at `batch` (what the ITL histogram sees)."""
-        return self.step(batch, k) / pm.expected_tokens(alpha, k)
-
-    def slo_batch(self, alpha: float = 0.0, k: int = 0) -> int:
-        """Largest batch whose mixed step keeps tokens within the ITL target (at most max_num_seqs)."""
-        return _slo_batch(self, alpha, k)
-
-    def request_seconds(self, batch: float, alpha: float = 0.0, k: int = 0, output: float | None = None) -> float:
-        """Time one request occupies a batch slot: prefill plus its output tokens at `batch`, on a
-        replica busy enough that its steps also prefill (the steps of a replica near its capacity)."""
-        out = self.output_tokens if output is None else output
-        step = max(self.step(batch, k), self.mixed_step(batch))
-        prefill = math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * step
-        return prefill + out * step / pm.expected_tokens(alpha, k)
-
-    def replica_rps(self, utilization: float, alpha: float = 0.0, k: int = 0, output: float | None = None) -> float:
-        """Requests/s one replica sustains with at most `utilization` of its SLO batch busy and of its
-        prefill rate used (less where the TTFT target leaves less room for queueing:
-        `prefill_utilization`), at the batch that load itself makes (Little's law: batch = rate x the
-        time a request holds a slot). A prefill-bound replica runs a batch well under its SLO batch,
-        and a smaller batch leaves more of the token budget to prompts."""
-        return _replica_rps(self, round(utilization, 4), round(alpha, 4), k,
-                            None if output is None else round(output, 1))
-
-    def prefill_utilization(self, batch: float, k: int = 0, cap: float = 1.0) -> float:
-        """Share of its prefill rate a replica can use with the TTFT p99 target held: prompts queue for
-        prefill, and with a service time s per prompt the p99 wait at utilization p is about
-        ln(100)/2 x p s / (1 - p) (the exponential tail of the M/D/1 wait), which must fit in the
-        target minus the prompt's own prefill. At most `cap`."""
-        s = 1.0 / max(self.prefill_rps(batch, k), 1e-9)
-        budget = self.queueing_budget(batch, k)
-        if budget <= 0:
-            return min(cap, 0.05)
-        return min(cap, budget / (budget + math.log(100) / 2 * s))
-
-    def queue_allowance(self, batch: float, k: int = 0) -> float:
-        """Prompts one replica prefills within the TTFT target less a prompt's own prefill: a waiting
-        queue longer than this per replica misses the target; a few waiting prompts are just Poisson
-        arrivals at a busy prefill (about p^2 / 2(1 - p) on average at utilization p)."""
-        return max(0.0, self.queueing_budget(batch, k)) * self.prefill_rps(batch, k)
-
-    def queueing_budget(self, batch: float, k: int = 0) -> float:
-        """Seconds a prompt may wait for prefill: the TTFT target less the prompt's own chunked prefill."""
-        return self.ttft_s - math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * self.mixed_step(batch)
-
-    def prefill_rps(self, batch: float, k: int = 0) -> float:
-        """Prompts/s one replica prefills while decoding `batch` sequences (the token budget's spare room)."""
-        return self.prefill_room(batch, k) / self.mixed_step(batch) / self.prompt_tokens
-
-    def prefill_room(self, batch: float, k: int = 0) -> int:
-        """Prompt tokens a step has room for next to `batch` running sequences: the engine schedules the
-        running ones first, each taking its token plus k draft tokens to verify."""
-        return max(self.chunk - max(1, round(batch)) * (k + 1), 1)
-
-    def mixed_step(self, batch: float) -> float:
-        return pm.mixed_step_time(self.shape, self.cal, max(1, round(batch)), self.ctx, self.chunk)
-
-    def best_k(self, batch: float, alpha: float) -> int:
-        return pm.best_k(self.shape, self.cal, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft)
-
-    def max_batch_for_speculation(self, alpha: float) -> int:
-        return _mbs(self, round(alpha, 3))
-
-
-@lru_cache(maxsize=4096)
-def _slo_batch(m: ServiceModel, alpha: float, k: int) -> int:
-    mixed_ok = pm.mixed_step_time(m.shape, m.cal, 1, m.ctx, m.chunk) <= m.itl_s
-
-    def fits(b: int) -> bool:
-        # When the token budget alone breaks the ITL target (a plan sized for a faster calibration),
-        # no batch fixes that: size by plain decode steps instead of collapsing to one sequence.
-        mixed = pm.mixed_step_time(m.shape, m.cal, b, m.ctx, m.chunk) if k == 0 and mixed_ok else m.step(b, k)
-        return mixed / pm.expected_tokens(alpha, k) <= m.itl_s
-    if not fits(1):
-        return 1
-    lo, hi = 1, max(1, m.max_num_seqs)
-    if fits(hi):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
-
-
-@lru_cache(maxsize=4096)
-def _replica_rps(m: ServiceModel, utilization: float, alpha: float, k: int, output: float | None) -> float:
-    top = max(1.0, utilization * m.slo_batch(alpha, k))
-
-    def by_slots(b: float) -> float:
-        return b / m.request_seconds(b, alpha, k, output)
-
-    def by_prefill(b: float) -> float:
-        return m.prefill_utilization(b, k, utilization) * m.prefill_rps(b, k)
-    if by_slots(top) <= by_prefill(top):
-        return by_slots(top)
-    # Slots grow with the batch and the prefill rate shrinks with it: the rate is where they cross.
-    lo, hi = 1.0, top
-    for _ in range(24):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if by_slots(mid) < by_prefill(mid) else (lo, mid)
-    return min(by_slots(lo), by_prefill(lo))
-
-
-@lru_cache(maxsize=1024)
-def _mbs(m: ServiceModel, alpha: float) -> int:
-    return pm.max_batch_for_speculation(m.shape, m.cal, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft)
-
-
-def alpha_from_acceptance(rate: float, k: int) -> float:
-    """Per-token acceptance probability a whose geometric process accepts `rate` of k drafted tokens.
-
-    accepted per draft = a (1 - a^k) / (1 - a); rate = that / k. Inverted by bisection.
-    """
-    if k <= 0 or rate <= 0:
-        return 0.0
-    if rate >= 1:
-        return 1.0
-    target = rate * k
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        accepted = mid * k if mid >= 1 else mid * (1 - mid ** k) / (1 - mid)
-        lo, hi = (mid, hi) if accepted < target else (lo, mid)
-    return (lo + hi) / 2
 
 
 def recalibrate(model: ServiceModel, steps: tuple[StepStat, ...], k: int) -> ServiceModel:
@@ -189,40 +41,3 @@ def _q(s: StepStat, k: int) -> int:
 def _mix(old: float, new: float, prior: float) -> float:
     value = math.exp((1 - BLEND) * math.log(old) + BLEND * math.log(max(new, 1e-9)))
     return min(max(value, prior / BOUND), prior * BOUND)
-
-
-def service_model(spec, plan, gpus, models) -> ServiceModel | None:
-    """The ServiceModel of a planned InferenceService (None when its model or GPU is unknown)."""
-    from specfleet.operator import planner
-
-    gpu, arch = gpus.get(plan.accelerator), models.lookup(spec.model)
-    if gpu is None or arch is None:
-        return None
-    shape = planner.model_shape(arch, spec.model.dtype)
-    cal = gpu.calibration(plan.tensor_parallel_size)
-    slo, sp = spec.slo, spec.speculation
-    ctx = min(slo.prompt_tokens + slo.output_tokens // 2, slo.max_context_tokens)
-    draft = pm.no_draft_cost
-    if sp.method == "draft" and sp.draft_model is not None and models.lookup(sp.draft_model) is not None:
-        draft = pm.draft_time_fn(planner.model_shape(models.lookup(sp.draft_model), sp.draft_model.dtype), cal, ctx)
-    return ServiceModel(shape=shape, cal=cal, prior=cal, ctx=ctx, prompt_tokens=slo.prompt_tokens,
-                        output_tokens=slo.output_tokens, ttft_s=slo.ttft_p99_ms / 1000, itl_s=slo.itl_p99_ms / 1000,
-                        max_num_seqs=_engine_arg(spec, "--max-num-seqs", plan.max_num_seqs),
-                        chunk=_engine_arg(spec, "--max-num-batched-tokens", plan.max_num_batched_tokens),
-                        max_k=sp.max_speculative_tokens if sp.mode != "off" else 0,
-                        min_acceptance=sp.min_acceptance_rate, draft=draft)
-
-
-def _engine_arg(spec, flag: str, planned: int) -> int:
-    """The engine's value of an integer flag: `runtime.extraArgs` come after the plan's args, so the last
-    occurrence there (`--flag N` or `--flag=N`) is what the engine runs with; else the plan's."""
-    args, value = list(spec.runtime.extra_args), planned
-    for i, arg in enumerate(args):
-        raw = args[i + 1] if arg == flag and i + 1 < len(args) else (
-            arg.split("=", 1)[1] if arg.startswith(flag + "=") else None)
-        if raw is not None:
-            try:
-                value = max(1, int(raw))
-            except ValueError:
-                pass
-    return value

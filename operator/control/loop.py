@@ -1,59 +1,57 @@
-"""One control interval of one InferenceService: discover pods, scrape, window, decide, apply, report.
+"""The pure part of one control interval of one InferenceService: window + model + state -> decisions,
+status fields and Events.
 
-`decide_step` is pure (window + model + state -> decisions, status fields, Events); `run_once` is the
-I/O around it, called by the kopf timer in `handlers.py`. Between two intervals a second, shorter timer
-(`SPECFLEET_DETECT_INTERVAL`, default 5 s) runs `run_detect`: one more scrape and `detect_step`, which
-can only scale up on a surge (autoscaler.detect); scale-downs, speculation and status stay with the
-interval. The two hold a per-service lock, so neither acts on a replica count the other is changing.
-Per-service state (previous scrapes, stabilization history, speculation state, calibration) lives in
-`LOOPS` in this process; after an operator restart it is rebuilt from the Deployment and the first two
-scrapes.
-
-Decisions are applied to the Deployment's `spec.replicas` (never the CR spec) and, for speculation,
-live through `POST /admin/speculation` on every ready pod (specfleet runtime, bearer token from the
-`<name>-admin` Secret) or through the `specfleet.io/speculation` annotation on the Deployment, which
-the reconciler renders into the engine args: a rolling update (vllm runtime).
-
-Pod endpoints come from the Pods' IPs, or, where no kubelet runs pods (the API emulator, tests), from
-the JSON file named by `SPECFLEET_POD_ENDPOINTS_FILE`: `{"namespace/name": {"pod": "http://host:port"}}`.
+`decide_step` runs both controllers on an interval's window (`coordinator.interval`); `detect_step`
+runs surge detection on the short window between intervals, which can only scale up
+(autoscaler.detect); scale-downs, speculation and status stay with the interval. `ServiceLoop` is the
+per-service state both carry from one step to the next (previous scrapes, stabilization history,
+speculation state, calibration); `LoopConfig` the intervals, read once when the operator starts.
+`observe_budget` folds the pods' SLO counters into the error budget (status, `SLOAtRisk`, burn Events);
+`idle_scale` takes a `minReplicas: 0` service to zero after its idle period. `status_patch` turns a
+step into the status fields it changes. The I/O around them (pods, scrapes,
+the Deployment, the engines' admin API) is `runner.py`.
 """
 from __future__ import annotations
 
-import asyncio
-import base64
-import json
-import logging
 import os
-import time
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
-from specfleet.operator import api, catalogs, planner, render
-from specfleet.operator.control import autoscaler, joint, speculation, telemetry
-from specfleet.operator.control.calibration import ServiceModel, recalibrate, service_model
-from specfleet.operator.control.window import Scrape, Window, build_window
-from specfleet.operator.metrics_source import scrape_pods, set_speculation
+from specfleet.operator import api, planner, status
+from specfleet.operator.capacity import ServiceModel
+from specfleet.operator.control import autoscaler, coordinator, scale_from_zero, speculation
+from specfleet.operator.control.error_budget import MET, SERVED, BudgetReport, ErrorBudget, FleetCounts
+from specfleet.operator.control.window import Scrape, Window
 
-log = logging.getLogger("specfleet.operator.control")
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_DETECT_INTERVAL_S = 5.0
 MAX_DECISIONS = 20
 SPECULATION_ANNOTATION = "specfleet.io/speculation"
 
 
-def interval_s() -> float:
-    return float(os.environ.get("SPECFLEET_CONTROL_INTERVAL", DEFAULT_INTERVAL_S))
+@dataclass(frozen=True)
+class LoopConfig:
+    """How often the loop looks: `interval_s` between decisions, `detect_interval_s` between surge
+    detections (0: off; only when shorter than the interval), `speculation_dwell_s` overrides the
+    speculation controller's minimum dwell (tests, demos)."""
 
+    interval_s: float = DEFAULT_INTERVAL_S
+    detect_interval_s: float = DEFAULT_DETECT_INTERVAL_S
+    speculation_dwell_s: float | None = None
 
-def detect_interval_s() -> float:
-    """Seconds between surge detections; 0 (off) when set to 0 or not shorter than the interval."""
-    value = float(os.environ.get("SPECFLEET_DETECT_INTERVAL", DEFAULT_DETECT_INTERVAL_S))
-    return value if 0 < value < interval_s() else 0.0
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError(f"the control interval must be positive, got {self.interval_s:g} s")
+        if not 0 < self.detect_interval_s < self.interval_s:
+            object.__setattr__(self, "detect_interval_s", 0.0)
 
-
-def _dwell() -> dict:
-    """`SPECFLEET_SPECULATION_DWELL` (seconds) overrides the minimum dwell time (tests, demos)."""
-    value = os.environ.get("SPECFLEET_SPECULATION_DWELL")
-    return {"dwell_s": float(value)} if value else {}
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] = os.environ) -> "LoopConfig":
+        """`SPECFLEET_CONTROL_INTERVAL`, `SPECFLEET_DETECT_INTERVAL`, `SPECFLEET_SPECULATION_DWELL` (seconds)."""
+        dwell = env.get("SPECFLEET_SPECULATION_DWELL")
+        return cls(float(env.get("SPECFLEET_CONTROL_INTERVAL", DEFAULT_INTERVAL_S)),
+                   float(env.get("SPECFLEET_DETECT_INTERVAL", DEFAULT_DETECT_INTERVAL_S)),
+                   float(dwell) if dwell else None)
 
 
 @dataclass
@@ -64,6 +62,11 @@ class ServiceLoop:
     speculation: speculation.SpeculationState | None = None
     prev: dict[str, Scrape] = field(default_factory=dict)
     recent: dict[str, Scrape] = field(default_factory=dict)     # the latest scrape (interval or detection)
+    config: LoopConfig = field(default_factory=LoopConfig)
+    budget: ErrorBudget = field(default_factory=lambda: ErrorBudget(0.99))
+    slo_counts: FleetCounts = field(default_factory=FleetCounts)
+    burning: str = ""               # "" | "fast" | "slow": the burn the last interval reported
+    idle_since: float | None = None     # start of the current run of windows without requests
 
 
 @dataclass
@@ -76,21 +79,22 @@ class Step:
     conditions: list[api.Condition]
     decisions: list[dict]
     events: list[tuple[str, str, str]]
-
-
-LOOPS: dict[tuple[str, str], ServiceLoop] = {}
-LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
+    pending: int | None = None      # replicas waiting for a node (None: not looked at)
+    budget: BudgetReport | None = None
 
 
 def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: planner.Plan, st: ServiceLoop,
-                current: int, ready: int, now: float, when: str) -> Step:
-    """The pure part of an interval: both policies on one window, and what to report."""
-    spec_policy = _speculation_policy(spec) if st.speculation is not None else None
-    scaling = _scaling(spec) if spec.replicas is None else None
-    decided, states = joint.interval(window, st.model, current, ready, scaling, spec_policy,
-                                     joint.Controllers(st.autoscaler, st.speculation), now, st.model.min_acceptance)
+                current: int, ready: int, now: float, when: str, unschedulable: tuple[str, ...] = ()) -> Step:
+    """The pure part of an interval: both policies on one window, and what to report. `unschedulable`:
+    the scheduler's messages of the service's pods that no node has room for (no capacity: a scale-up
+    would only add more of them, so it is held)."""
+    spec_policy = _speculation_policy(spec, st.config) if st.speculation is not None else None
+    scaling = _scaling(spec, st.config) if spec.replicas is None else None
+    decided, states = coordinator.interval(window, st.model, current, ready, scaling, spec_policy,
+                                     coordinator.Controllers(st.autoscaler, st.speculation), now, st.model.min_acceptance)
     st.autoscaler, st.speculation = states.scaling, states.speculation
-    scale, spec_decision = decided.scale, decided.speculation
+    scale, spec_decision = _held_for_capacity(decided.scale, unschedulable), decided.speculation
+    scale = idle_scale(scale, window, spec, st, current, now)
     decisions, events = _scale_records(scale, when)
     if spec_decision is not None and spec_decision.changed:
         to = f"on k={spec_decision.k}" if spec_decision.enabled else "off"
@@ -98,19 +102,62 @@ def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: pla
                           "reason": spec_decision.reason})
         events.append(("Normal", "SpeculationOn" if spec_decision.enabled else "SpeculationOff",
                        f"speculation {to} ({spec_decision.reason}): {spec_decision.message}"))
-    return Step(scale, spec_decision, observed(window, st.model), conditions(window, st.model, st, spec_decision),
-                decisions, events)
+    conds = conditions(window, st.model, st, spec_decision) + [schedulable_condition(current, unschedulable)]
+    return Step(scale, spec_decision, observed(window, st.model), conds, decisions, events,
+                pending=len(unschedulable))
+
+
+def _held_for_capacity(scale: autoscaler.ScaleDecision | None,
+                       unschedulable: tuple[str, ...]) -> autoscaler.ScaleDecision | None:
+    """A scale-up while replicas already wait for a node adds only more waiting pods: hold instead."""
+    if scale is None or scale.desired <= scale.current or not unschedulable:
+        return scale
+    return autoscaler.ScaleDecision(scale.current, scale.current, "Unschedulable",
+                                    f"{len(unschedulable)} replica(s) pending, no node has room "
+                                    f"({unschedulable[0]}); would scale to {scale.desired}: {scale.message}",
+                                    scale.need)
+
+
+def idle_scale(scale: autoscaler.ScaleDecision | None, window: Window | None, spec: api.InferenceServiceSpec,
+               st: ServiceLoop, current: int, now: float) -> autoscaler.ScaleDecision | None:
+    """`minReplicas: 0`: to zero once complete windows have shown no request started, running or waiting
+    for `idleSeconds`. A window without the evidence (missing series, a pod not scraped) is not idle."""
+    auto = spec.autoscaling
+    if spec.replicas is None and auto.min_replicas == 0 and current == 0:
+        # At zero only held requests wake the service (handlers); the load autoscaler's floor of 1 must not.
+        st.idle_since = None
+        return autoscaler.ScaleDecision(0, 0, "ScaledToZero", "0 replicas; requests held by the gateway wake it", 0)
+    quiet = (window is not None and window.complete and window.requests_per_second == 0
+             and window.running == 0 and not window.queue_depth)
+    if spec.replicas is not None or auto.min_replicas > 0 or not quiet:
+        st.idle_since = None
+        return scale
+    st.idle_since = now if st.idle_since is None else st.idle_since
+    idle_s = scale_from_zero.idle_seconds(spec)
+    if current == 0 or now - st.idle_since < idle_s:
+        return scale
+    return autoscaler.ScaleDecision(current, 0, "Idle", f"no requests for {now - st.idle_since:.0f} s "
+                                                        f"(idleSeconds {idle_s}); held requests wake it", 0)
+
+
+def schedulable_condition(current: int, unschedulable: tuple[str, ...]) -> api.Condition:
+    """`Schedulable`: whether every replica found a node; pending ones add no capacity."""
+    if not unschedulable:
+        return api.Condition("Schedulable", "True", "AllScheduled", "every replica has a node")
+    return api.Condition("Schedulable", "False", "Unschedulable",
+                         f"{len(unschedulable)} of {current} replicas pending, counted as no capacity: "
+                         f"{unschedulable[0]}")
 
 
 def detect_step(window: Window | None, spec: api.InferenceServiceSpec, st: ServiceLoop, current: int, ready: int,
                 now: float, when: str) -> Step | None:
     """The pure part of a detection between intervals: a scale-up on a surge (with speculation off when
     it costs replicas at the surge's load), or None."""
-    if spec.replicas is not None:
+    if spec.replicas is not None or (current == 0 and spec.autoscaling.min_replicas == 0):
         return None
-    spec_policy = _speculation_policy(spec) if st.speculation is not None else None
-    decided, states = joint.surge(window, st.model, current, ready, _scaling(spec), spec_policy,
-                                  joint.Controllers(st.autoscaler, st.speculation), now, st.model.min_acceptance)
+    spec_policy = _speculation_policy(spec, st.config) if st.speculation is not None else None
+    decided, states = coordinator.surge(window, st.model, current, ready, _scaling(spec, st.config), spec_policy,
+                                  coordinator.Controllers(st.autoscaler, st.speculation), now, st.model.min_acceptance)
     st.autoscaler, st.speculation = states.scaling, states.speculation
     scale, spec_decision = decided.scale, decided.speculation
     if not scale.changed:
@@ -125,13 +172,16 @@ def detect_step(window: Window | None, spec: api.InferenceServiceSpec, st: Servi
     return Step(scale, spec_decision, {}, conds, decisions, events)
 
 
-def _speculation_policy(spec: api.InferenceServiceSpec) -> speculation.SpeculationPolicy:
+def _speculation_policy(spec: api.InferenceServiceSpec, config: LoopConfig) -> speculation.SpeculationPolicy:
+    dwell = {} if config.speculation_dwell_s is None else {"dwell_s": config.speculation_dwell_s}
     return speculation.SpeculationPolicy.from_spec(spec.speculation, spec.runtime.engine, spec.autoscaling,
-                                                   fixed_replicas=spec.replicas is not None, **_dwell())
+                                                   fixed_replicas=spec.replicas is not None, **dwell)
 
 
-def _scaling(spec: api.InferenceServiceSpec) -> autoscaler.ScalingPolicy:
-    return autoscaler.ScalingPolicy.from_spec(spec.autoscaling, detect_interval_s=detect_interval_s())
+def _scaling(spec: api.InferenceServiceSpec, config: LoopConfig) -> autoscaler.ScalingPolicy:
+    """The load-based policy never goes below 1; only `idle_scale` takes a service to zero."""
+    policy = autoscaler.ScalingPolicy.from_spec(spec.autoscaling, detect_interval_s=config.detect_interval_s)
+    return replace(policy, min_replicas=max(1, policy.min_replicas))
 
 
 def _scale_records(scale: autoscaler.ScaleDecision | None, when: str) -> tuple[list[dict], list[tuple]]:
@@ -146,8 +196,7 @@ def _scale_records(scale: autoscaler.ScaleDecision | None, when: str) -> tuple[l
 
 
 def _spec_from(decision: speculation.SpeculationDecision, st: ServiceLoop) -> str:
-    return "off" if decision.enabled and decision.reason in ("SpeculationPays", "Reprobe") else (
-        "on" if not decision.enabled else "on")
+    return "off" if decision.enabled and decision.reason in ("SpeculationPays", "Reprobe") else "on"
 
 
 def observed(window: Window | None, model: ServiceModel) -> dict:
@@ -193,184 +242,48 @@ def _fmt(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.1f}"
 
 
-# -- I/O --------------------------------------------------------------------------------------------
-@dataclass
-class Outcome:
-    status: dict
-    events: list[tuple[str, str, str]]
-
-
-def _lock(ns: str, name: str) -> asyncio.Lock:
-    return LOCKS.setdefault((ns, name), asyncio.Lock())
-
-
-async def run_once(body: dict, kube, when: str, clock=time.monotonic) -> Outcome | None:
-    """One interval for one InferenceService; None when there is nothing to control yet."""
-    async with _lock(body["metadata"]["namespace"], body["metadata"]["name"]):
-        return await _interval(body, kube, when, clock)
-
-
-async def run_detect(body: dict, kube, when: str, clock=time.monotonic) -> Outcome | None:
-    """One surge detection between intervals; None unless it scaled up (or before the first interval)."""
-    meta = body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    try:
-        spec = api.parse_spec(body.get("spec") or {})
-    except api.SpecError:
-        return None
-    async with _lock(ns, name):
-        st = LOOPS.get((ns, name))
-        if st is None or st.generation != meta.get("generation", 1) or spec.replicas is not None:
-            return None
-        deployment = await asyncio.to_thread(kube.get, "Deployment", ns, name)
-        if deployment is None:
-            return None
-        current = (deployment.get("spec") or {}).get("replicas", 0)
-        step = await _detect(kube, ns, name, spec, st, deployment, clock, when)
-    if step is None:
-        return None
-    telemetry.DESIRED.labels(ns, name).set(step.scale.desired)
-    telemetry.DECISIONS.labels(ns, name, "scale", step.scale.reason).inc()
-    return Outcome(_status(body, step, when, current), step.events)
-
-
-async def _detect(kube, ns: str, name: str, spec, st: ServiceLoop, deployment: dict, clock, when: str) -> Step | None:
-    """Scrape, build the short window since the latest scrape, and apply a scale-up if there is one."""
-    endpoints = await asyncio.to_thread(pod_endpoints, kube, ns, name)
-    scrapes = await scrape_pods(endpoints) if endpoints else {}
-    window = build_window(st.recent, scrapes, expected=len(endpoints))
-    st.recent = {**{p: s for p, s in st.recent.items() if p in endpoints}, **scrapes}
-    current = (deployment.get("spec") or {}).get("replicas", 0)
-    ready = ((deployment.get("status") or {}).get("readyReplicas")) or 0
-    step = detect_step(window, spec, st, current, ready, clock(), when)
-    if step is not None:
-        await _apply(kube, {"metadata": {"namespace": ns, "name": name}}, spec, step, st, endpoints, scrapes)
-    return step
-
-
-async def _interval(body: dict, kube, when: str, clock) -> Outcome | None:
-    meta = body["metadata"]
-    name, ns, generation = meta["name"], meta["namespace"], meta.get("generation", 1)
-    try:
-        spec = api.parse_spec(body.get("spec") or {})
-    except api.SpecError:
-        return None
-    plan = planner.plan(spec, catalogs.gpus(), catalogs.models())
-    deployment = await asyncio.to_thread(kube.get, "Deployment", ns, name)
-    if isinstance(plan, planner.Infeasible) or deployment is None:
-        return None
-    st = _state(ns, name, generation, spec, plan)
-    if st is None:
-        return None
-    current = (deployment.get("spec") or {}).get("replicas", 0)
-    ready = ((deployment.get("status") or {}).get("readyReplicas")) or 0
-    endpoints = await asyncio.to_thread(pod_endpoints, kube, ns, name)
-    scrapes = await scrape_pods(endpoints) if endpoints else {}
-    window = build_window(st.prev, scrapes, expected=len(endpoints))
-    st.prev = {**{p: s for p, s in st.prev.items() if p in endpoints}, **scrapes}
-    st.recent = dict(st.prev)
-    if window is not None and window.complete and st.speculation is not None:
-        st.model = recalibrate(st.model, window.steps, st.speculation.k)
-    step = decide_step(window, spec, plan, st, current, ready, clock(), when)
-    await _apply(kube, body, spec, step, st, endpoints, scrapes)
-    _record_metrics(ns, name, spec, plan, step, ready, window, st)
-    return Outcome(_status(body, step, when, current), step.events)
-
-
-def _state(ns: str, name: str, generation: int, spec, plan) -> ServiceLoop | None:
-    st = LOOPS.get((ns, name))
-    if st is not None and st.generation == generation:
-        return st
-    model = service_model(spec, plan, catalogs.gpus(), catalogs.models())
-    if model is None:
-        return None
-    sp = plan.speculation
-    spec_state = speculation.SpeculationState(sp.enabled, sp.k) if sp.method is not None and sp.k > 0 else None
-    if st is not None:        # a spec edit: keep the scrapes and the scaling history, re-plan the rest
-        st = replace(st, generation=generation, model=model, speculation=spec_state)
+def observe_budget(st: ServiceLoop, scrapes: Mapping[str, Scrape], present: set[str], now: float,
+                   objective: float) -> tuple[BudgetReport | None, api.Condition | None, list[tuple[str, str, str]]]:
+    """Fold the pods' SLO counters into the error budget: the report (None before any served request),
+    the `SLOAtRisk` condition and an Event when a fast or slow burn starts or ends."""
+    st.budget.objective = objective
+    st.slo_counts.fold({pod: (s.counters[MET], s.counters[SERVED]) for pod, s in scrapes.items()
+                        if MET in s.counters and SERVED in s.counters}, present)
+    st.budget.observe(now, st.slo_counts.good, st.slo_counts.total)
+    report = st.budget.report()
+    if not report.attainment:
+        return None, None, []
+    burning = report.burn
+    events = []
+    if burning and burning != st.burning:
+        events.append(("Warning", f"{burning.capitalize()}Burn", f"error budget at risk: {report.reason}"))
+    elif st.burning and not burning:
+        events.append(("Normal", "BurnStopped", f"the {st.burning} burn stopped; attainment {report.attainment}"))
+    st.burning = burning
+    # Only a fast burn sets SLOAtRisk (what pages, and what Argo CD reports Degraded); a slow burn is a
+    # ticket: an Event and the reason, status False.
+    if burning == "fast":
+        cond = api.Condition("SLOAtRisk", "True", "FastBurn", report.reason)
+    elif burning == "slow":
+        cond = api.Condition("SLOAtRisk", "False", "SlowBurn", report.reason)
     else:
-        st = ServiceLoop(generation, model, speculation=spec_state)
-    LOOPS[(ns, name)] = st
-    return st
+        short = min(report.burn_rate.items(), key=lambda kv: _window_s(kv[0]))
+        cond = api.Condition("SLOAtRisk", "False", "WithinBudget",
+                             f"burn rate {short[1]:g}x over {short[0]} of a {objective:g} objective")
+    return report, cond, events
 
 
-def forget(ns: str, name: str) -> None:
-    LOOPS.pop((ns, name), None)
-    LOCKS.pop((ns, name), None)
+def _window_s(label: str) -> float:
+    return float(label[:-1]) * (3600 if label.endswith("h") else 60)
 
 
-def pod_endpoints(kube, ns: str, name: str) -> dict[str, str]:
-    """`{pod: base_url}` of the service's ready pods (or the override file's entry)."""
-    override = os.environ.get("SPECFLEET_POD_ENDPOINTS_FILE")
-    if override:
-        try:
-            return dict(json.loads(open(override, encoding="utf-8").read()).get(f"{ns}/{name}", {}))
-        except (OSError, ValueError):
-            log.warning("cannot read %s", override)
-            return {}
-    pods = kube.core.list_namespaced_pod(ns, label_selector=render.selector_string(name), _preload_content=False)
-    out = {}
-    for pod in json.loads(pods.data).get("items", []):
-        st = pod.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
-        if ready and st.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
-            out[pod["metadata"]["name"]] = f"http://{st['podIP']}:{render.PORT}"
-    return out
-
-
-def admin_token(kube, ns: str, name: str) -> str | None:
-    secret = kube.get("Secret", ns, render.admin_secret_name(name))
-    if secret is None:
-        return None
-    if (secret.get("data") or {}).get("token"):
-        return base64.b64decode(secret["data"]["token"]).decode()
-    return (secret.get("stringData") or {}).get("token")
-
-
-async def _apply(kube, body, spec, step: Step, st: ServiceLoop, endpoints, scrapes) -> None:
-    meta = body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    if step.scale is not None and step.scale.changed:
-        await asyncio.to_thread(kube.apps.patch_namespaced_deployment, name, ns,
-                                {"spec": {"replicas": step.scale.desired}}, _preload_content=False)
-    if st.speculation is None:
-        return
-    if spec.runtime.engine == "vllm":
-        if step.spec is not None and step.spec.changed:
-            value = f"enabled={str(st.speculation.enabled).lower()},k={st.speculation.k}"
-            await asyncio.to_thread(kube.apps.patch_namespaced_deployment, name, ns,
-                                    {"metadata": {"annotations": {SPECULATION_ANNOTATION: value}}},
-                                    _preload_content=False)
-        return
-    stale = [pod for pod, s in scrapes.items() if _disagrees(s, st.speculation)]
-    targets = list(endpoints) if step.spec is not None and step.spec.changed else stale
-    if not targets:
-        return
-    token = await asyncio.to_thread(admin_token, kube, ns, name)
-    results = await asyncio.gather(*(set_speculation(endpoints[p], st.speculation.enabled, st.speculation.k, token)
-                                     for p in targets), return_exceptions=True)
-    for pod, result in zip(targets, results):
-        if isinstance(result, Exception):
-            log.warning("speculation switch on %s/%s pod %s failed: %s", ns, name, pod, result)
-            step.events.append(("Warning", "SpeculationSwitchFailed", f"pod {pod}: {result}"))
-
-
-def _disagrees(scrape: Scrape, state: speculation.SpeculationState) -> bool:
-    on = scrape.gauges.get("specfleet:speculation_enabled")
-    k = scrape.gauges.get("specfleet:num_speculative_tokens")
-    if on is None:
-        return False
-    return bool(on) != state.enabled or (state.enabled and k is not None and int(k) != state.k)
-
-
-def _status(body: dict, step: Step, when: str, current: int) -> dict:
-    from specfleet.operator import status as status_mod
-
+def status_patch(body: dict, step: Step, when: str) -> dict:
+    """The status fields a step changes, merged with the CR's current status (conditions, decisions)."""
     old = body.get("status") or {}
     generation = body["metadata"].get("generation", 1)
     patch: dict = {}
     if step.conditions:
-        patch["conditions"] = status_mod.merge_conditions(old.get("conditions") or [], step.conditions, when,
+        patch["conditions"] = status.merge_conditions(old.get("conditions") or [], step.conditions, when,
                                                           generation)
     if step.observed:
         patch["observed"] = step.observed
@@ -378,33 +291,8 @@ def _status(body: dict, step: Step, when: str, current: int) -> dict:
         patch["lastDecisions"] = ((old.get("lastDecisions") or []) + step.decisions)[-MAX_DECISIONS:]
     if step.scale is not None:
         patch["desiredReplicas"] = step.scale.desired
+    if step.pending is not None:
+        patch["replicasPending"] = step.pending
+    if step.budget is not None:
+        patch["errorBudget"] = step.budget.as_status()
     return patch
-
-
-def _record_metrics(ns, name, spec, plan, step: Step, ready: int, window: Window | None, st: ServiceLoop) -> None:
-    t = telemetry
-    labels = (ns, name)
-    if step.scale is not None:
-        t.DESIRED.labels(*labels).set(step.scale.desired)
-        t.DECISIONS.labels(*labels, "scale", step.scale.reason).inc()
-    if step.spec is not None:
-        t.DECISIONS.labels(*labels, "speculation", step.spec.reason).inc()
-    t.ACTUAL.labels(*labels).set(ready)
-    t.PREDICTED.labels(*labels, "ttft").set(plan.predicted.ttft_p99_ms / 1000)
-    t.PREDICTED.labels(*labels, "itl").set(plan.predicted.itl_p99_ms / 1000)
-    t.TARGET.labels(*labels, "ttft").set(spec.slo.ttft_p99_ms / 1000)
-    t.TARGET.labels(*labels, "itl").set(spec.slo.itl_p99_ms / 1000)
-    if st.speculation is not None:
-        t.SPECULATION.labels(*labels).set(float(st.speculation.enabled))
-        t.SPEC_K.labels(*labels).set(st.speculation.k)
-    if window is None:
-        return
-    for metric, value in (("ttft", window.ttft_p99), ("itl", window.itl_p99)):
-        if value is not None:
-            t.OBSERVED.labels(*labels, metric).set(value)
-    attainment = window.slo_attainment(st.model.ttft_s, st.model.itl_s)
-    if attainment is not None:
-        t.ATTAINMENT.labels(*labels).set(attainment)
-    acceptance = window.acceptance_rate if window.acceptance_rate is not None else window.counterfactual_acceptance_rate
-    if acceptance is not None:
-        t.ACCEPTANCE.labels(*labels).set(acceptance)

@@ -22,11 +22,11 @@ capacity that arrives before new pods do.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-from specfleet.operator.control.autoscaler import ScalingPolicy, arrivals_of
-from specfleet.operator.control.calibration import ServiceModel, alpha_from_acceptance
+from specfleet.operator.capacity import (TARGET_UTILIZATION, Load, ServiceModel, affordable_k, alpha_from_acceptance,
+                                         costs_replicas)
+from specfleet.operator.control.autoscaler import arrivals_of
 from specfleet.operator.control.window import Window
 
 SPECFLEET_DWELL_S, VLLM_DWELL_S = 60.0, 600.0
@@ -41,7 +41,7 @@ class SpeculationPolicy:
     acceptance_hysteresis: float = 0.05
     dwell_s: float = SPECFLEET_DWELL_S
     reprobe_s: float = 300.0
-    utilization: float = ScalingPolicy.target_utilization   # capacity as the autoscaler sizes it
+    utilization: float = TARGET_UTILIZATION   # capacity as the autoscaler sizes it
     min_replicas: int = 1
     fixed_replicas: bool = False         # no autoscaler (spec.replicas): every serving replica stays
 
@@ -102,15 +102,9 @@ def _admitted(window: Window) -> float | None:
     return window.requests_per_second + max(0.0, window.queue_growth_per_second or 0.0)
 
 
-@dataclass(frozen=True)
-class _Load:
-    rps: float | None            # arrivals of the window plus the autoscaler's headroom
-    serving: int                 # pods that served it
-
-
-def _load(window: Window, headroom: float) -> _Load:
+def _load(window: Window, headroom: float) -> Load:
     admitted = _admitted(window)
-    return _Load(None if admitted is None else admitted + headroom, window.pods_scraped)
+    return Load(None if admitted is None else admitted + headroom, window.pods_scraped)
 
 
 def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPolicy, state: SpeculationState,
@@ -120,50 +114,13 @@ def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPoli
     if not state.enabled or policy.mode != "auto" or window is None or not window.complete:
         return None, state
     alpha = _alpha(window, state)
-    costly = _costs_replicas(model, policy, _load(window, headroom),
-                             policy.min_acceptance if alpha is None else alpha, state.k)
+    costly = costs_replicas(model, policy, _load(window, headroom),
+                            policy.min_acceptance if alpha is None else alpha, state.k)
     if not costly:
         return None, state
     return _switch(state, False, state.k, "SurgeCostsReplicas", f"surge: {costly}", now, alpha, None)
 
 
-def free_k(model: ServiceModel, policy: SpeculationPolicy, rps: float, alpha: float, upto: int,
-           serving: int = 0) -> int:
-    """The deepest k <= `upto` at which speculating costs no replicas for `rps` requests/s (0: none), on
-    `serving` replicas (0: those the load needs) - what the controller would keep; the planner starts
-    there."""
-    return _affordable_k(model, policy, _Load(rps, serving), alpha, upto)
-
-
-def _affordable_k(model: ServiceModel, policy: SpeculationPolicy, load: _Load | None, alpha: float, upto: int,
-                  margin: float = 0.0) -> int:
-    """The deepest k <= `upto` that costs no replicas at `load` (0: none)."""
-    return next((k for k in range(upto, 0, -1) if not _costs_replicas(model, policy, load, alpha, k, margin)), 0)
-
-
-def _costs_replicas(model: ServiceModel, policy: SpeculationPolicy, load: _Load | None, alpha: float, k: int,
-                    margin: float = 0.0) -> str:
-    """Why speculating at depth k needs more replicas for the load than not speculating; "" when it
-    needs none (or the load is unknown). The replicas it may use are those the load needs without it
-    (at least `min_replicas`), and no more than serve now (while new ones start, the serving ones
-    carry the load)."""
-    if load is None or load.rps is None or load.rps <= 0 or k < 1:
-        return ""
-    on, off = model.replica_rps(policy.utilization, alpha, k), model.replica_rps(policy.utilization)
-    if on >= off:
-        return ""
-    needed = max(math.ceil(load.rps / off - 1e-9), policy.min_replicas)
-    if policy.fixed_replicas and load.serving > 0:
-        needed = max(needed, load.serving)      # nothing scales down: the fleet there is is the fleet
-    replicas = min(needed, load.serving) if load.serving > 0 else needed
-    # Turning on (margin > 0) also wants the load clear of the point where one replica fewer would do
-    # without speculation; else a load hovering there would switch it on and off as the count flips.
-    shrinks = (margin > 0 and not policy.fixed_replicas and needed > policy.min_replicas
-               and load.rps / (1 + margin) <= (needed - 1) * off)
-    if load.rps * (1 + margin) <= replicas * on and not shrinks:
-        return ""
-    return (f"{load.rps:.1f} req/s on {replicas} replicas: with k={k} a replica carries {on:.1f} req/s instead of "
-            f"{off:.1f} without speculation (draft tokens to verify take prompt budget); {needed} needed without")
 
 
 def _alpha(window: Window, state: SpeculationState) -> float | None:
@@ -207,18 +164,18 @@ def _while_on(model, policy, state, batch, alpha, now, load=None):
             return _hold(state, "Dwell", f"would turn off (batch); {seen}", alpha, threshold), state
         return _switch(state, False, state.k, "BatchAboveThreshold", f"batch {batch:.1f} > {threshold} x "
                        f"{1 + policy.batch_hysteresis:g}; {seen}", now, alpha, threshold)
-    costly = _costs_replicas(model, policy, load, alpha, state.k)
+    costly = costs_replicas(model, policy, load, alpha, state.k)
     if costly:
         if dwelling:
             return _hold(state, "Dwell", f"would turn off (costs replicas); {costly}", alpha, threshold), state
-        shallower = _affordable_k(model, policy, load, alpha, state.k - 1)
+        shallower = affordable_k(model, policy, load, alpha, state.k - 1)
         if shallower >= 1:
             return _switch(state, True, shallower, "DepthRetuned", f"k {state.k} -> {shallower}: {costly}", now,
                            alpha, threshold)
         return _switch(state, False, state.k, "CostsReplicas", costly, now, alpha, threshold)
     best = min(model.best_k(batch, alpha), policy.max_k)
     if best > state.k:     # deeper only while the deeper k is free with the hysteresis margin to spare
-        best = max(_affordable_k(model, policy, load, alpha, best, policy.batch_hysteresis), state.k)
+        best = max(affordable_k(model, policy, load, alpha, best, policy.batch_hysteresis), state.k)
     if best >= 1 and best != state.k and not dwelling:
         return _switch(state, True, best, "DepthRetuned", f"k {state.k} -> {best} maximises goodput; {seen}",
                        now, alpha, threshold)
@@ -230,8 +187,8 @@ def _while_off(model, policy, state, batch, alpha, now, load=None):
     if alpha is None:
         threshold = model.max_batch_for_speculation(policy.min_acceptance)
         due = now - state.since >= policy.reprobe_s
-        k = _affordable_k(model, policy, load, policy.min_acceptance,
-                          max(1, min(model.best_k(batch, policy.min_acceptance) or 1, policy.max_k)),
+        k = affordable_k(model, policy, load, policy.min_acceptance,
+                         max(1, min(model.best_k(batch, policy.min_acceptance) or 1, policy.max_k)),
                           policy.batch_hysteresis)
         if due and k >= 1 and batch < threshold * (1 - policy.batch_hysteresis):
             return _switch(state, True, k, "Reprobe", f"no counterfactual acceptance while off; probing k={k} at "
@@ -245,9 +202,9 @@ def _while_off(model, policy, state, batch, alpha, now, load=None):
     k = min(model.best_k(batch, alpha), policy.max_k)
     if not clears or k < 1:
         return _hold(state, "NotPaying", seen, alpha, threshold), state
-    affordable = _affordable_k(model, policy, load, alpha, k, policy.batch_hysteresis)
+    affordable = affordable_k(model, policy, load, alpha, k, policy.batch_hysteresis)
     if affordable < 1:
-        return _hold(state, "CostsReplicas", _costs_replicas(model, policy, load, alpha, 1, policy.batch_hysteresis),
+        return _hold(state, "CostsReplicas", costs_replicas(model, policy, load, alpha, 1, policy.batch_hysteresis),
                      alpha, threshold), state
     k = affordable
     if dwelling:

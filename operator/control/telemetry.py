@@ -13,6 +13,12 @@ DESIRED = Gauge("specfleet_desired_replicas", "Replicas the autoscaler wants.", 
 ACTUAL = Gauge("specfleet_replicas", "Ready replicas.", _SERVICE, registry=REGISTRY)
 ATTAINMENT = Gauge("specfleet_slo_attainment", "Share of the last window within the TTFT and ITL targets.",
                    _SERVICE, registry=REGISTRY)
+BUDGET_ATTAINMENT = Gauge("specfleet_slo_window_attainment",
+                          "Share of served requests that met both the TTFT and ITL targets, per rolling window.",
+                          _SERVICE + ["window"], registry=REGISTRY)
+BURN_RATE = Gauge("specfleet_error_budget_burn_rate",
+                  "Error budget burn rate per rolling window (1: the budget lasts exactly the SLO period).",
+                  _SERVICE + ["window"], registry=REGISTRY)
 DECISIONS = Counter("specfleet_decisions", "Control decisions by kind (scale | speculation) and reason.",
                     _SERVICE + ["kind", "reason"], registry=REGISTRY)
 PREDICTED = Gauge("specfleet_predicted_latency_seconds", "Planned p99 latency.", _SERVICE + ["metric"],

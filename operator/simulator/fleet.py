@@ -1,4 +1,5 @@
-"""The fleet: pods that start, serve with continuous batching under the roofline model, and drain.
+"""The simulated fleet (`SimulatedFleet`): pods that start, serve with continuous batching under the
+roofline model, and drain.
 
 Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the performance model's
 length at its current batch (a mixed step while it prefills), so its sequences get dt / T(B, ctx, k+1)
@@ -31,7 +32,7 @@ import numpy as np
 
 from specfleet.operator import perfmodel as pm
 from specfleet.operator.control import window as w
-from specfleet.operator.control.calibration import ServiceModel
+from specfleet.operator.capacity import ServiceModel
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)
@@ -52,7 +53,7 @@ class Totals:
     gpu_seconds: float = 0.0
 
 
-class Fleet:
+class SimulatedFleet:
     """All pods of one service and the requests they serve."""
 
     def __init__(self, model: ServiceModel, truth: pm.Calibration, prompt: int, startup_s: float,

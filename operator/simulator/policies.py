@@ -13,8 +13,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from specfleet.operator.control import autoscaler, joint, speculation
-from specfleet.operator.control.calibration import ServiceModel
+from specfleet.operator.control import autoscaler, coordinator, speculation
+from specfleet.operator.capacity import ServiceModel
 from specfleet.operator.control.window import Window
 
 
@@ -40,12 +40,12 @@ class SpecfleetScaler:
     def detect(self, window: Window | None, model: ServiceModel, current: int, now: float, speculator,
                enabled: bool, k: int, fallback_alpha: float, ready: int | None = None
                ) -> tuple[int, str, tuple[bool, int, str] | None]:
-        """Surge detection between two decisions (joint.surge): a scale-up, and a switch of speculation
+        """Surge detection between two decisions (coordinator.surge): a scale-up, and a switch of speculation
         (enabled, k, reason) when ours controls it and a surge turns it off; else None."""
         ours = isinstance(speculator, SpecfleetSpeculation)
         spec_state = speculator.state if ours else speculation.SpeculationState(enabled, k)
-        decided, states = joint.surge(window, model, current, ready, self.policy, speculator.policy if ours else None,
-                                      joint.Controllers(self.state, spec_state), now, fallback_alpha)
+        decided, states = coordinator.surge(window, model, current, ready, self.policy, speculator.policy if ours else None,
+                                      coordinator.Controllers(self.state, spec_state), now, fallback_alpha)
         self.state = states.scaling
         switched = decided.speculation
         if ours:

@@ -7,11 +7,12 @@ from dataclasses import replace
 import numpy as np
 
 from specfleet.operator import catalogs, perfmodel as pm, planner
-from specfleet.operator.control import autoscaler, joint, speculation
-from specfleet.operator.control.calibration import ServiceModel, recalibrate, service_model
+from specfleet.operator.control import autoscaler, coordinator, speculation
+from specfleet.operator.capacity import ServiceModel, service_model
+from specfleet.operator.control.calibration import recalibrate
 from specfleet.operator.control.window import build_window
 from specfleet.operator.simulator import policies as P
-from specfleet.operator.simulator.fleet import Fleet
+from specfleet.operator.simulator.fleet import SimulatedFleet
 from specfleet.operator.simulator.scenarios import Scenario
 
 INTERVAL_S = 15.0
@@ -89,7 +90,7 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
     scaler, spec_ctl, peak = make_policies(policy, scenario, spec, model, truth, fixed_replicas, knobs)
     rng = np.random.default_rng(seed)
     queue_policy = queue_policy or queue_policy_of(policy)
-    fleet = Fleet(model, truth, spec.slo.prompt_tokens, scenario.startup_s, plan.gpus_per_replica,
+    fleet = SimulatedFleet(model, truth, spec.slo.prompt_tokens, scenario.startup_s, plan.gpus_per_replica,
                   plan.kv_cache_blocks * plan.block_size, rng, queue_policy)
     enabled, k = _initial_speculation(spec_ctl, spec)
     fleet.set_speculation(enabled, k)
@@ -125,7 +126,7 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
         prev = recent = cur
         if window is not None and window.complete:
             model = recalibrate(model, window.steps, k)
-        # Ours judge speculation on the load our autoscaler sizes for (joint.interval's order).
+        # Ours judge speculation on the load our autoscaler sizes for (coordinator.interval's order).
         on, new_k, spec_reason = spec_ctl.decide(window, model, t, getattr(scaler, "headroom", lambda _w: 0.0)(window))
         if (on, new_k if on else 0) != (enabled, k if enabled else 0):
             switches += int(on != enabled)
@@ -141,14 +142,14 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
 
 def _speculating(window, k: int, enabled: bool, scenario: Scenario, t: float) -> tuple[float, int]:
     """(alpha, k) of the speculation in effect, as the scaler sees it (0, 0 while off)."""
-    return (joint.alpha_in_effect(window, k, scenario.alpha(t)), k) if enabled else (0.0, 0)
+    return (coordinator.alpha_in_effect(window, k, scenario.alpha(t)), k) if enabled else (0.0, 0)
 
 
-def _ready(fleet: Fleet, t: float) -> int:
+def _ready(fleet: SimulatedFleet, t: float) -> int:
     return int(sum(1 for i in fleet.ready(t) if not fleet.draining[i]))
 
 
-def _scale(fleet: Fleet, desired: int, t: float, k: int) -> int:
+def _scale(fleet: SimulatedFleet, desired: int, t: float, k: int) -> int:
     """Apply a replica count; 1 when it changed the fleet."""
     current = len(fleet.alive())
     if desired > current:

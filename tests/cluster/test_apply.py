@@ -61,6 +61,8 @@ def test_apply_to_custom_resource_with_map_list(http, crd):
 
 def test_apply_requires_field_manager_and_matching_kind(http):
     dep = manifest("deployment.yaml")
-    assert http.patch(DEPLOYMENTS + "/web", json.dumps(dep), kind="apply", headers={"User-Agent": ""})[0] == 400
+    code, body = http.patch(DEPLOYMENTS + "/web", json.dumps(dep), kind="apply", headers={"User-Agent": ""})
+    assert code == 422 and body["message"] == ('PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                                               "is required for apply patch")
     dep["kind"] = "ReplicaSet"
     assert http.patch(DEPLOYMENTS + "/web", json.dumps(dep), kind="apply", fieldManager="x")[0] == 400

@@ -27,7 +27,7 @@ def test_schema_errors_are_422_with_field_paths(http, crd):
     bad["spec"]["name"] = "TOO-LONG-NAME"
     code, body = http.post(WIDGETS, bad)
     assert code == 422 and body["reason"] == "Invalid"
-    assert {("spec.size", "FieldValueNotSupported"), ("spec.replicas", "FieldValueInvalid"),
+    assert {("spec.size", "FieldValueNotSupported"), ("spec.replicas", "FieldValueTypeInvalid"),
             ("spec.name", "FieldValueTooLong"), ("spec.tags", "FieldValueTooMany")} <= causes(body)
     assert 'Widget.example.specfleet.io "w1" is invalid' in body["message"]
     assert 'spec.size: Unsupported value: "huge"' in body["message"]

@@ -91,7 +91,7 @@ def test_the_service_model_uses_the_engine_limits_that_extra_args_override():
     import yaml
 
     from specfleet.operator import api, catalogs, planner
-    from specfleet.operator.control.calibration import service_model
+    from specfleet.operator.capacity import service_model
 
     doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests/examples/tiny-cpu.yaml").read_text())
     models = {}

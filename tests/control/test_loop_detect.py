@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from specfleet.operator.control import loop, speculation
 
 
@@ -16,9 +18,7 @@ def _settled(service, make_window, current: int, rps: float) -> loop.ServiceLoop
     return st
 
 
-def test_a_surge_scales_up_between_intervals_and_says_why(service, make_window, monkeypatch):
-    monkeypatch.delenv("SPECFLEET_DETECT_INTERVAL", raising=False)
-    monkeypatch.delenv("SPECFLEET_CONTROL_INTERVAL", raising=False)
+def test_a_surge_scales_up_between_intervals_and_says_why(service, make_window):
     spec, _, model = service
     rps = 2 * model.replica_rps(0.7)
     st = _settled(service, make_window, 3, rps)
@@ -62,12 +62,13 @@ def test_a_fixed_replica_count_turns_detection_off(service, make_window):
     assert loop.detect_step(surge, replace(spec, replicas=3), st, 3, 3, 65.0, "t") is None
 
 
-def test_detection_runs_only_more_often_than_the_interval(monkeypatch):
-    monkeypatch.delenv("SPECFLEET_DETECT_INTERVAL", raising=False)
-    monkeypatch.delenv("SPECFLEET_CONTROL_INTERVAL", raising=False)
-    assert loop.detect_interval_s() == 5.0
-    monkeypatch.setenv("SPECFLEET_CONTROL_INTERVAL", "1")            # as the e2e tests run the operator
-    assert loop.detect_interval_s() == 0.0
-    monkeypatch.setenv("SPECFLEET_CONTROL_INTERVAL", "15")
-    monkeypatch.setenv("SPECFLEET_DETECT_INTERVAL", "0")
-    assert loop.detect_interval_s() == 0.0
+def test_detection_runs_only_more_often_than_the_interval():
+    assert loop.LoopConfig.from_environment({}).detect_interval_s == 5.0
+    assert loop.LoopConfig.from_environment({"SPECFLEET_CONTROL_INTERVAL": "1"}).detect_interval_s == 0.0
+    assert loop.LoopConfig.from_environment({"SPECFLEET_CONTROL_INTERVAL": "15",
+                                             "SPECFLEET_DETECT_INTERVAL": "0"}).detect_interval_s == 0.0
+
+
+def test_a_loop_config_rejects_a_non_positive_interval():
+    with pytest.raises(ValueError, match="interval must be positive"):
+        loop.LoopConfig(interval_s=0)

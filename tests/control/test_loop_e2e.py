@@ -1,6 +1,8 @@
 """Closed loop through the API emulator: the real operator (`specfleet operator run`, control interval
-1 s) scrapes stand-in engine pods (HTTP `/metrics` in the engine's exposition format, `/admin/speculation`
-recording calls) named by SPECFLEET_POD_ENDPOINTS_FILE, since no kubelet runs pods in the emulator.
+1 s) finds its engine pods the way it does on a cluster, from Pod objects (labels, Ready, `status.podIP`,
+the container's port), and scrapes them: stand-in engines (HTTP `/metrics` in the engine's exposition
+format, `/admin/speculation` recording calls) behind Pods this test writes into the emulator, where no
+kubelet runs (podIP 127.0.0.1, container port = the stand-in's port).
 
 The stand-ins (`FakeEngine`, fixture `fake_engine_pods`) live in tests/conftest.py, shared with
 tests/reliability/test_operator_faults.py.
@@ -10,7 +12,6 @@ Secret's bearer token; status and Events say why.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -25,11 +27,33 @@ import yaml
 pytest.importorskip("specfleet.cluster.apiserver", reason="the API emulator is not available")
 from specfleet.cluster.apiserver import running_apiserver  # noqa: E402
 
-from specfleet.operator import api  # noqa: E402
+from specfleet.operator import api, render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 NS = "ctl"
+
+
+def stand_in_pods(ns: str, service: str, urls: dict[str, str]) -> list[tuple[dict, dict]]:
+    """(Pod, its status) for each stand-in `{pod: http://127.0.0.1:port}`: labelled as the operator renders
+    its pods, the stand-in's port as the container port, Ready on podIP 127.0.0.1."""
+    out = []
+    for name, url in urls.items():
+        host, port = urlparse(url).hostname, urlparse(url).port
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"{service}-{name}", "namespace": ns, "labels": render.labels(service)},
+               "spec": {"containers": [{"name": "engine", "image": "stand-in",
+                                        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]}}
+        status = {"phase": "Running", "podIP": host, "podIPs": [{"ip": host}],
+                  "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
+        out.append((pod, status))
+    return out
+
+
+def create_pods(core, ns: str, pods: list[tuple[dict, dict]]) -> None:
+    for pod, status in pods:
+        core.create_namespaced_pod(ns, pod)
+        core.patch_namespaced_pod_status(pod["metadata"]["name"], ns, {"status": status})
 
 
 def wait_for(probe, timeout=40.0, every=0.3):
@@ -48,14 +72,11 @@ def wait_for(probe, timeout=40.0, every=0.3):
 @contextmanager
 def operator_for(tmp: Path, urls: dict, ns: str, env: dict, autoscaling: dict):
     """The real operator on the API emulator, one InferenceService `chat` in `ns` (the CPU example with
-    `autoscaling`) whose pods are the stand-ins at `urls`; yields (AppsV1Api, CoreV1Api, CustomObjectsApi)."""
+    `autoscaling`) whose Pods front the stand-ins at `urls`; yields (AppsV1Api, CoreV1Api, CustomObjectsApi)."""
     from kubernetes import client, config
 
-    endpoints = tmp / "endpoints.json"
-    endpoints.write_text(json.dumps({f"{ns}/chat": urls}))
     with running_apiserver(tmp / "kubeconfig", port=0) as server:
-        env = {**os.environ, "KUBECONFIG": str(server.kubeconfig), "SPECFLEET_POD_ENDPOINTS_FILE": str(endpoints),
-               **env}
+        env = {**os.environ, "KUBECONFIG": str(server.kubeconfig), **env}
         kubectl = lambda *a, stdin=None: subprocess.run([str(BIN / "kubectl"), *a], input=stdin, text=True,  # noqa
                                                         capture_output=True, env=env, timeout=30, check=True)
         kubectl("apply", "-f", str(ROOT / "crds/inferenceservice.yaml"))
@@ -71,6 +92,7 @@ def operator_for(tmp: Path, urls: dict, ns: str, env: dict, autoscaling: dict):
         doc["spec"]["autoscaling"] = autoscaling
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
         api_client = config.new_client_from_config(str(server.kubeconfig))
+        create_pods(client.CoreV1Api(api_client), ns, stand_in_pods(ns, "chat", urls))
         try:
             yield client.AppsV1Api(api_client), client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
         finally:

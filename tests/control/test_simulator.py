@@ -73,15 +73,15 @@ def test_a_knob_the_policy_lacks_is_an_error():
         run.simulate(sc, "specfleet", knobs={"target_fraction": 0.2})
 
 
-def _fleet(pods: int, queue_policy: str = "fifo") -> F.Fleet:
+def _fleet(pods: int, queue_policy: str = "fifo") -> F.SimulatedFleet:
     spec, plan, model, truth = run.setup(scenarios.steady())
-    fleet = F.Fleet(model, truth, spec.slo.prompt_tokens, 30.0, plan.gpus_per_replica,
+    fleet = F.SimulatedFleet(model, truth, spec.slo.prompt_tokens, 30.0, plan.gpus_per_replica,
                     plan.kv_cache_blocks * plan.block_size, np.random.default_rng(0), queue_policy)
     fleet.add_pods(pods, 0.0, 0, ready_now=True)
     return fleet
 
 
-def _hold(fleet: F.Fleet, decoding: int, waiting: int) -> None:
+def _hold(fleet: F.SimulatedFleet, decoding: int, waiting: int) -> None:
     """Pod 0 holds `decoding` sequences past prefill and `waiting` prompts not started."""
     n = decoding + waiting
     prompt = float(fleet.prompt)

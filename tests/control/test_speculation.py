@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specfleet.operator.control import speculation as s
-from specfleet.operator.control.calibration import alpha_from_acceptance
+from specfleet.operator.capacity import alpha_from_acceptance
 
 POLICY = s.SpeculationPolicy(mode="auto", max_k=4, min_acceptance=0.5, dwell_s=60, reprobe_s=300)
 

@@ -1,5 +1,6 @@
-"""The CPU backend: the C++ paged-attention kernel against the torch reference, packed linears against
-`nn.Linear`, and the fall-back to the torch path when the kernel cannot be built."""
+"""The CPU backend: the C++ paged-attention kernel against the torch reference, the fused elementwise steps
+against theirs, packed linears against `nn.Linear`, and the fall-back to the torch path when the kernel
+cannot be built."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,7 @@ from specfleet.engine import LLM, SamplingParams
 from specfleet.engine.attention import TorchPagedAttention
 from specfleet.engine.cpu import attention as cpu_attention
 from specfleet.engine.cpu.linear import PackedLinear, pack_linears
+from specfleet.engine.model.llama import TorchElementwise
 from testkit import build_step
 
 CASES = [  # query lens, context lens (keys visible to each sequence's last query), block size
@@ -76,4 +78,23 @@ def test_engine_falls_back_to_torch_attention_when_the_kernel_cannot_build(tiny_
 
 def test_engine_uses_the_kernel_by_default_on_cpu(tiny_llama):
     llm = LLM(tiny_llama, num_kv_blocks=32)
-    assert isinstance(llm.engine.runner.model.model.layers[0].self_attn.attend, cpu_attention.CpuPagedAttention)
+    layer = llm.engine.runner.model.model.layers[0]
+    assert isinstance(layer.self_attn.attend, cpu_attention.CpuPagedAttention)
+    assert layer.mlp.ops is layer.self_attn.ops is layer.input_layernorm.ops is cpu_attention.load_kernel()
+
+
+@pytest.mark.parametrize("tokens", [3, 700])      # a decode step (run serially) and a prefill chunk (parallel)
+def test_fused_elementwise_steps_equal_the_torch_reference_bit_for_bit(tokens):
+    ops, ref = cpu_attention.load_kernel(), TorchElementwise
+    gen = torch.Generator().manual_seed(3)
+    x, residual = (torch.randn(tokens, 576, generator=gen) for _ in range(2))
+    weight = torch.randn(576, generator=gen)
+    assert torch.equal(ops.rms_norm(x, weight, 1e-5), ref.rms_norm(x, weight, 1e-5))
+    for got, want in zip(ops.add_rms_norm(x, residual, weight, 1e-6), ref.add_rms_norm(x, residual, weight, 1e-6)):
+        assert torch.equal(got, want)
+    gate_up = torch.randn(tokens, 2 * 1536, generator=gen)
+    assert torch.equal(ops.silu_and_mul(gate_up), ref.silu_and_mul(gate_up))
+    q, k = torch.randn(tokens, 9, 64, generator=gen), torch.randn(tokens, 3, 64, generator=gen)
+    cos, sin = torch.randn(tokens, 1, 64, generator=gen), torch.randn(tokens, 1, 64, generator=gen)
+    for got, want in zip(ops.rotary(q, k, cos, sin), ref.rotary(q, k, cos, sin)):
+        assert torch.equal(got, want)

@@ -5,8 +5,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specfleet.engine.spec.ngram import NgramProposer
-from specfleet.engine.spec.rejection import verify
+from specfleet.engine.speculative.ngram import NgramProposer
+from specfleet.engine.speculative.rejection import verify
 
 TRIALS = 40_000
 

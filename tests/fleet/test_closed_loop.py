@@ -37,7 +37,9 @@ CLIENTS, LOAD_LIMIT_S = 8, 45.0
 pytestmark = pytest.mark.slow
 
 
-class Fleet:
+class LoopSession:
+    """The running `specfleet up` of this module: gateway, kubectl, the pods' admin API."""
+
     def __init__(self, workdir: Path, port: int, proc: subprocess.Popen):
         self.workdir, self.port, self.proc = workdir, port, proc
         self.state = workdir / ".specfleet"
@@ -75,7 +77,12 @@ class Fleet:
         return [e for e in self.kubectl_json("get", "events")["items"] if e.get("reason") == reason]
 
     def endpoints(self) -> dict[str, str]:
-        return json.loads((self.state / "endpoints.json").read_text()).get(f"default/{NAME}", {})
+        """{pod: http://podIP:containerPort} of the Ready pods, found as the operator finds them."""
+        def url(pod: dict) -> str:
+            return f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
+
+        return {p["metadata"]["name"]: url(p) for p in self.pods()
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])}
 
     def pods(self) -> list[dict]:
         pods = self.kubectl_json("get", "pods")["items"]
@@ -99,9 +106,10 @@ def fleet(tmp_path_factory, tiny_llama):
     assert spec["speculation"]["method"] == "ngram" and spec["speculation"]["mode"] == "auto"
     cr = workdir / "tiny.yaml"
     cr.write_text(yaml.safe_dump(doc))
-    env = {**os.environ, "SPECFLEET_CONTROL_INTERVAL": "1", "SPECFLEET_SPECULATION_DWELL": "2"}
+    env = {**os.environ, "SPECFLEET_CONTROL_INTERVAL": "1", "SPECFLEET_SPECULATION_DWELL": "2",
+           "SPECFLEET_NODE_CPUS": "4", "SPECFLEET_NODE_MEMORY": "64Gi"}     # two tiny engines fit on 2 cores
     with specfleet_up(workdir, cr, env) as (proc, port):
-        f = Fleet(workdir, port, proc)
+        f = LoopSession(workdir, port, proc)
         try:
             wait_for(lambda: proc.poll() is None and f.ready_replicas() >= 1, timeout=90)
             f.mark("first replica ready")

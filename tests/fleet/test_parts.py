@@ -1,12 +1,18 @@
-"""The node agent's and the gateway's pure parts: rolling-update arithmetic, path/port translation, routing."""
+"""The node agent's and the gateway's pure parts: rolling-update arithmetic, path translation, the
+engine's listen address, pod addresses, scheduling by requests, routing by podIP and container port."""
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 
-from specfleet.cluster.gateway import AFFINITY_SLACK, Endpoint, Gateway, Route, prefix_key, routes_from
+from specfleet.cluster.gateway import AFFINITY_SLACK, Balancer, Endpoint, Route, prefix_key, routes_from
+from specfleet.cluster.gateway.queues import waiting_of
+from specfleet.cluster.node_agent import addresses, scheduling
 from specfleet.cluster.node_agent import controller as ctl
 from specfleet.cluster.node_agent import volumes as vol
 from testkit import free_port
@@ -35,28 +41,76 @@ def test_mount_paths_in_args_and_env_become_local_folders():
     assert vol.translate("/tmp", mounts) == "/s/tmp" and vol.translate("/tmpfoo", mounts) == "/tmpfoo"
 
 
-def test_port_flags_point_at_the_assigned_local_port():
-    assert vol.rewrite_ports(["--port", "8000", "--x", "1"], {8000: 41001}, 41001) == ["--port", "41001", "--x", "1"]
-    assert vol.rewrite_ports(["--port=8000"], {8000: 41001}, 41001) == ["--port=41001"]
+def test_the_engine_listens_on_the_pod_address_and_its_own_port_flags_are_kept():
+    container = {"command": ["specfleet", "engine", "serve"], "args": ["--port", "8000", "--model", "/m"]}
+    argv = vol.container_argv(container, [], "127.0.0.7")
+    assert argv[-6:] == ["--port", "8000", "--model", "/m", "--host", "127.0.0.7"]
+    pinned = vol.container_argv({**container, "args": ["--host=0.0.0.0"]}, [], "127.0.0.7")
+    assert pinned[-1] == "--host=0.0.0.0"
 
 
-def test_pods_get_their_local_port_as_container_port_and_endpoint_annotation():
+def test_pods_keep_the_template_s_container_port_and_wait_for_the_scheduler():
     rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "svc-abc", "namespace": "ns", "uid": "u"},
           "spec": {"template": {"metadata": {"labels": {"a": "b"}, "annotations": {"prometheus.io/port": "8000"}},
                                 "spec": {"containers": [{"name": "engine", "ports": [{"name": "http",
                                                                                       "containerPort": 8000}]}]}}}}
-    pod = ctl.pod_for(rs, "node", set())
-    port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
-    assert port != 8000 and pod["spec"]["nodeName"] == "node"
-    assert pod["metadata"]["annotations"]["specfleet.io/endpoint"] == f"http://127.0.0.1:{port}"
-    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    pod = ctl.pod_for(rs)
+    assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 8000
+    assert "nodeName" not in pod["spec"] and pod["metadata"]["annotations"] == {"prometheus.io/port": "8000"}
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "u"
 
 
-def _gateway(*urls: str) -> Gateway:
-    g = Gateway("http://unused")
-    g.routes = {"m": Route("ns", "svc", "m", [Endpoint(u, u) for u in urls])}
-    return g
+def test_each_pod_gets_its_own_loopback_address_and_gives_it_back():
+    pool = addresses.PodAddresses()
+    first, second = pool.allocate("a", [8000]), pool.allocate("b", [8000])
+    assert first != second and first.startswith("127.") and "127.0.0.1" not in (first, second)
+    assert pool.allocate("a", [8000]) == first
+    pool.release("a")
+    assert pool.allocate("c", [8000]) == first
+
+
+def test_an_address_whose_port_is_taken_is_skipped():
+    pool = addresses.PodAddresses()
+    ip = pool.allocate("probe", [])
+    pool.release("probe")
+    with socket.socket() as taken:
+        taken.bind((ip, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert pool.allocate("a", [port]) != ip
+
+
+def test_quantities_count_in_thousandths():
+    assert [scheduling.milli(q) for q in ("2", "500m", 1.5, "1Ki", "1G")] == [2000, 500, 1500, 1024000, 10**12]
+    with pytest.raises(scheduling.QuantityError):
+        scheduling.milli("two")
+
+
+def _pod(name: str, cpu: str, memory: str = "1Gi", created: str = "2026-01-01T00:00:00Z") -> dict:
+    return {"metadata": {"name": name, "creationTimestamp": created},
+            "spec": {"containers": [{"resources": {"requests": {"cpu": cpu, "memory": memory}}}]}}
+
+
+def test_a_pod_that_does_not_fit_what_the_bound_pods_leave_stays_pending():
+    node = {"cpu": 2000, "memory": 8 * 2**30 * 1000, "pods": 110_000}
+    decisions = scheduling.schedule([_pod("late", "2", created="2026-01-02T00:00:00Z"), _pod("early", "1")],
+                                    [_pod("running", "500m")], node)
+    assert [(d.pod["metadata"]["name"], d.fits) for d in decisions] == [("early", True), ("late", False)]
+    assert decisions[1].message == "0/1 nodes are available: 1 Insufficient cpu."
+    gpu = _pod("gpu", "1")
+    gpu["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1"
+    assert "Insufficient nvidia.com/gpu" in scheduling.schedule([gpu], [], node)[0].message
+
+
+def test_the_node_offers_this_machine_s_cpus_and_memory():
+    allocatable = scheduling.machine_allocatable()
+    assert allocatable["cpu"] == os.cpu_count() * 1000
+    shown = scheduling.node_quantities(allocatable)
+    assert shown["cpu"] == str(os.cpu_count()) and shown["memory"].endswith("Ki") and shown["pods"] == "110"
+
+
+def _gateway(*urls: str) -> Balancer:
+    return Balancer({"m": Route("ns", "svc", "m", [Endpoint(u, u) for u in urls])})
 
 
 def test_the_same_prefix_sticks_to_one_pod_until_it_is_busier_than_the_slack():
@@ -83,11 +137,13 @@ def test_routes_follow_the_service_selector_and_only_ready_pods():
 
     def pod(name, ready, labels={"app": "svc"}):
         return {"metadata": {"name": name, "namespace": "ns", "labels": labels},
-                "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 9000 + len(name)}]}]},
-                "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": str(ready)}]}}
+                "spec": {"containers": [{"ports": [{"name": "metrics", "containerPort": 9090},
+                                                   {"name": "http", "containerPort": 8000}]}]},
+                "status": {"podIP": f"127.0.0.{len(name) + 1}",
+                           "conditions": [{"type": "Ready", "status": str(ready)}]}}
 
     routes = routes_from([isvc], [service], [pod("p", True), pod("pp", False), pod("ppp", True, {"app": "x"})])
-    assert [e.url for e in routes["m"].endpoints] == ["http://127.0.0.1:9001"]
+    assert [e.url for e in routes["m"].endpoints] == ["http://127.0.0.2:8000"]
 
 
 def test_the_pod_with_the_shortest_prefill_queue_wins_over_the_least_outstanding():
@@ -112,12 +168,12 @@ async def test_the_queue_poll_reads_the_engine_s_waiting_gauge_and_unknown_is_no
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    g, url, dead = Gateway("http://unused"), f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}"
-    g.session = aiohttp.ClientSession()
+    g, url, dead = Balancer(), f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}"
+    session = aiohttp.ClientSession()
     try:
         g.sent = {url: 3, dead: 2}
-        assert await g._waiting_of(url) == 4.0 and url not in g.sent       # the engine counts those now
-        assert await g._waiting_of(dead) is None and g.sent[dead] == 2      # unreadable: keep our own count
+        assert await waiting_of(session, g, url) == 4.0 and url not in g.sent       # the engine counts those now
+        assert await waiting_of(session, g, dead) is None and g.sent[dead] == 2     # unreadable: keep our own count
     finally:
-        await g.session.close()
+        await session.close()
         await runner.cleanup()

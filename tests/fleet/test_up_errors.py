@@ -70,11 +70,16 @@ def test_a_broken_cr_file_is_refused(tmp_path, text, words):
     assert_refused(up(tmp_path, "-f", str(cr), "--port", str(free_port())), tmp_path, words)
 
 
-def test_without_a_file_up_serves_the_builtin_smollm2_on_cpu(tmp_path):
-    from specfleet.cluster import fleet
+def test_a_node_size_that_is_not_a_quantity_is_refused(tmp_path, tiny_cr):
+    proc = up(tmp_path, "-f", str(tiny_cr()), "--port", str(free_port()), "--node-memory", "lots")
+    assert_refused(proc, tmp_path, "--node-cpus/--node-memory: not a resource quantity: 'lots'")
 
-    docs = fleet.load_manifests([fleet.DEFAULT_CR])
-    assert fleet.DEFAULT_CR.name == "smollm2-cpu.yaml"
+
+def test_without_a_file_up_serves_the_builtin_smollm2_on_cpu(tmp_path):
+    from specfleet.cluster import fleet, resources
+
+    docs = fleet.load_manifests([resources.default_cr()])
+    assert resources.default_cr().name == "smollm2-cpu.yaml"
     spec = docs[0]["spec"]
     assert (spec["model"]["source"], spec["accelerator"]["type"]) == ("builtin:smollm2-135m", "cpu")
 

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from specfleet.engine import LLM, SamplingParams
-from specfleet.engine.kernels import TritonPagedAttention
+from specfleet.engine.kernels.backend import TritonPagedAttention
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 

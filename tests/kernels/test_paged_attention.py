@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from specfleet.engine.attention import TorchPagedAttention
-from specfleet.engine.kernels import TritonPagedAttention, paged_attention
+from specfleet.engine.kernels.backend import TritonPagedAttention
+from specfleet.engine.kernels.paged_attention import paged_attention
 
 # (block_size, kv_heads, queries per kv head, head_dim, query_lens, context_lens)
 CASES = {

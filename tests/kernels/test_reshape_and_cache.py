@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specfleet.engine.attention import write_kv
-from specfleet.engine.kernels import reshape_and_cache
+from specfleet.engine.kernels.reshape_and_cache import reshape_and_cache
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

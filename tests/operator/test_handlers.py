@@ -87,7 +87,115 @@ def test_the_admin_token_is_created_once():
     assert kube.objects[("Secret", "ns", "svc-admin")]["stringData"]["token"] == token and len(token) > 20
 
 
+class StatusRecorder:
+    """The status and Event verbs of Kube, recorded."""
+
+    def __init__(self):
+        self.patches: list[dict] = []
+        self.events: list[tuple[str, str]] = []
+
+    def patch_service_status(self, namespace, name, status):
+        self.patches.append(status)
+
+    def post_event(self, regarding, type_, reason, message, now):
+        self.events.append((regarding["kind"], reason))
+
+
+def test_publish_writes_status_only_when_more_than_a_timestamp_changed():
+    first = handlers.reconcile(body(), FakeKube(), NOW)
+    recorder = StatusRecorder()
+    handlers.publish(recorder, body(), first)
+    assert recorder.patches == [first.status] and ("InferenceService", "Planned") in recorder.events
+    later = handlers.ReconcileOutcome({**first.status, "conditions": [
+        {**c, "lastTransitionTime": "2026-01-02T00:00:00Z"} for c in first.status["conditions"]]})
+    handlers.publish(recorder, body(status=first.status), later)
+    assert len(recorder.patches) == 1                         # same status, newer timestamps: no write
+    handlers.publish(recorder, body(status=first.status), handlers.ReconcileOutcome({"desiredReplicas": 7}))
+    assert recorder.patches[-1] == {"desiredReplicas": 7}
+
+
 def test_the_operator_never_imports_torch():
     code = ("import sys, specfleet.operator.handlers, specfleet.operator.main, specfleet.cli.operator_cmds; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+PLAN_ONLY = {**BASE, "mode": "PlanOnly"}
+
+
+def test_plan_only_writes_the_plan_and_the_actions_and_creates_nothing():
+    kube = FakeKube()
+    outcome = handlers.reconcile(body(PLAN_ONLY), kube, NOW)
+    assert kube.objects == {} and kube.writes == 0
+    st = outcome.status
+    assert st["phase"] == "Pending" and st["plan"]["gpusPerReplica"] >= 1
+    assert st["plannedActions"] == ["create Secret svc-admin", "create NetworkPolicy svc",
+                                    "create Deployment svc (1 replica)",
+                                    "create Service svc", "create PodDisruptionBudget svc"]
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "PlanOnly"
+    reasons = [r for _, r, _ in outcome.events]
+    assert "Planned" in reasons and "PlanOnly" in reasons and "Applied" not in reasons
+
+
+def test_switching_to_serving_creates_the_workload_and_drops_the_planned_actions():
+    kube = FakeKube()
+    planned = handlers.reconcile(body(PLAN_ONLY), kube, NOW)
+    serving = handlers.reconcile(body(BASE, generation=2, status=planned.status), kube, NOW)
+    assert ("Deployment", "ns", "svc") in kube.objects and serving.status["plannedActions"] is None
+    assert any(r == "Applied" for _, r, _ in serving.events)
+
+
+def test_switching_a_running_service_to_plan_only_leaves_its_workload_untouched_and_says_so():
+    kube = FakeKube()
+    handlers.reconcile(body(BASE), kube, NOW)
+    before, writes = copy.deepcopy(kube.objects), kube.writes
+    slower = {**PLAN_ONLY, "slo": {**BASE["slo"], "itlP99Ms": 60}}
+    outcome = handlers.reconcile(body(slower, generation=2), kube, NOW)
+    assert kube.objects == before and kube.writes == writes
+    leave = [a for a in outcome.status["plannedActions"] if a.startswith("leave Deployment svc running")]
+    assert leave and "Serving would update it" in leave[0]
+    again = handlers.reconcile(body(slower, generation=2, status=outcome.status), kube, NOW)
+    assert not any(r == "PlanOnly" for _, r, _ in again.events)     # the same actions: no second Event
+
+
+def _memo_at_zero():
+    from types import SimpleNamespace
+
+    class ScaleKube:
+        def __init__(self):
+            self.scales = []
+
+        def scale(self, kind, namespace, name, replicas):
+            self.scales.append(replicas)
+
+    class View:
+        def replicas(self, namespace, name):
+            return (0, 0)
+    return SimpleNamespace(kube=ScaleKube(), engines=View(), cold_starts={})
+
+
+def test_held_requests_wake_a_service_once_while_the_wake_up_is_in_flight(monkeypatch):
+    import asyncio
+
+    posted = []
+    monkeypatch.setattr(handlers, "publish", lambda k, b, outcome: posted.append(outcome))
+    memo = _memo_at_zero()
+    svc = body({**BASE, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}})
+    asyncio.run(handlers._wake(memo, ("ns", "svc"), svc, 2))
+    asyncio.run(handlers._wake(memo, ("ns", "svc"), svc, 3))      # the watch still reports 0: no second scale
+    assert memo.kube.scales == [1] and len(posted) == 1
+    assert posted[0].status["lastDecisions"][-1]["reason"] == "HeldRequests"
+    started, held = memo.cold_starts[("ns", "svc")]
+    memo.cold_starts[("ns", "svc")] = (started - 3600, held)       # never got ready; back at 0 since
+    asyncio.run(handlers._wake(memo, ("ns", "svc"), svc, 1))
+    assert memo.kube.scales == [1, 1] and memo.cold_starts[("ns", "svc")][1] == 1
+
+
+def test_a_service_that_may_not_go_to_zero_is_never_woken(monkeypatch):
+    import asyncio
+
+    monkeypatch.setattr(handlers, "publish", lambda *a: None)
+    memo = _memo_at_zero()
+    asyncio.run(handlers._wake(memo, ("ns", "svc"), body(BASE), 5))
+    assert memo.kube.scales == [] and memo.cold_starts == {}

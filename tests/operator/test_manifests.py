@@ -42,13 +42,14 @@ def test_the_crd_validates_as_a_crd():
                                                 "statusReplicasPath": ".status.replicas",
                                                 "labelSelectorPath": ".status.selector"}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Engine", "Ready", "Replicas", "SLO", "TTFT p99", "ITL p99", "Spec", "Accept", "Age"]
+        "Mode", "Engine", "Ready", "Replicas", "SLO", "TTFT p99", "ITL p99", "Spec", "Accept", "Age"]
 
 
 def test_the_crd_status_schema_has_exactly_the_designed_fields():
     st = SCHEMA["properties"]["status"]["properties"]
     assert set(st) == {"observedGeneration", "phase", "conditions", "plan", "replicas", "readyReplicas",
-                       "desiredReplicas", "selector", "observed", "lastDecisions"}
+                       "desiredReplicas", "replicasPending", "selector", "observed", "lastDecisions",
+                       "errorBudget", "plannedActions", "coldStart"}
     assert st["conditions"]["items"]["properties"]["type"]["enum"] == list(api.CONDITION_TYPES)
 
 
@@ -97,6 +98,8 @@ def test_rbac_is_least_privilege():
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "delete" not in rule["verbs"]
     secrets = next(r for r in role["rules"] if "secrets" in r["resources"])
     assert set(secrets["verbs"]) == {"get", "create"}
+    pods = next(r for r in role["rules"] if "pods" in r["resources"])
+    assert set(pods["verbs"]) == {"list", "watch", "patch"}     # patch: the pod-deletion-cost annotation only
 
 
 @pytest.mark.skipif(shutil.which("hadolint", path=str(BIN)) is None, reason="hadolint not installed")
@@ -104,3 +107,20 @@ def test_dockerfiles_pass_hadolint():
     files = sorted(str(p) for p in (ROOT / "images").glob("*.Dockerfile"))
     assert len(files) >= 2
     subprocess.run([str(BIN / "hadolint"), *files], check=True)
+
+
+def test_the_dashboard_charts_the_error_budget_from_metrics_the_operator_exports():
+    import json
+    import re
+
+    from specfleet.operator.control import telemetry
+
+    dashboard = json.loads((ROOT / "manifests/grafana/dashboard.json").read_text())
+    exprs = {p["title"]: " ".join(t["expr"] for t in p.get("targets", [])) for p in dashboard["panels"]}
+    budget = {t: e for t, e in exprs.items() if t.startswith("Error budget")}
+    assert any("specfleet_error_budget_burn_rate" in e for e in budget.values())
+    assert any("specfleet_slo_window_attainment" in e for e in budget.values())
+    exported = {m.name for m in telemetry.REGISTRY.collect()}
+    for expr in budget.values():
+        for name in re.findall(r"specfleet_\w+", expr):
+            assert name in exported, f"{name} is charted but the operator does not export it"

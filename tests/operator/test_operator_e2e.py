@@ -170,8 +170,8 @@ def test_apply_creates_deployment_service_and_pdb_with_the_planned_args(cluster,
 def test_printer_columns_show_engine_and_conditions(cluster, operator):
     out = cluster.kubectl("get", "infsvc", "chat", "-n", NS).stdout
     header = out.splitlines()[0].split()
-    assert header[:3] == ["NAME", "ENGINE", "READY"] and "ACCEPT" in header
-    assert "specfleet" in out
+    assert header[:4] == ["NAME", "MODE", "ENGINE", "READY"] and "ACCEPT" in header
+    assert "Serving" in out and "specfleet" in out
 
 
 def test_ready_replicas_flow_into_status(cluster, operator):
@@ -223,6 +223,61 @@ def test_a_cel_rule_violation_is_rejected_by_the_api(cluster, operator):
     doc["spec"]["autoscaling"] = {"minReplicas": 3, "maxReplicas": 2}
     proc = cluster.apply(doc, check=False)
     assert proc.returncode != 0 and "minReplicas must not exceed maxReplicas" in proc.stderr
+
+
+def test_an_objective_outside_zero_and_one_is_rejected_by_the_api(cluster, operator):
+    proc = cluster.apply(example("bad-objective", objective=1.0), check=False)
+    assert proc.returncode != 0 and "objective must be strictly between 0 and 1" in proc.stderr
+
+
+def test_plan_only_plans_and_reports_actions_creates_nothing_then_serving_creates_the_workload(cluster, operator):
+    doc = example("dry")
+    doc["spec"]["mode"] = "PlanOnly"
+    cluster.apply(doc)
+    svc = wait_for(lambda: (s := cluster.service("dry")).get("status", {}).get("plannedActions") and s)
+    assert "create Deployment dry (1 replica)" in svc["status"]["plannedActions"]
+    assert svc["status"]["phase"] == "Pending" and svc["status"]["plan"]["maxNumSeqs"] >= 1
+    assert wait_for(lambda: [e for e in cluster.events("dry") if e["reason"] == "PlanOnly"])
+    row = cluster.kubectl("get", "infsvc", "dry", "-n", NS, "--no-headers").stdout.split()
+    assert row[:2] == ["dry", "PlanOnly"]
+    assert cluster.deployment("dry") is None
+    for read in (cluster.core.read_namespaced_service, cluster.policy.read_namespaced_pod_disruption_budget,
+                 cluster.core.read_namespaced_secret):
+        with pytest.raises(cluster.ApiException):
+            read("dry" if read is not cluster.core.read_namespaced_secret else "dry-admin", NS)
+    cluster.kubectl("patch", "infsvc", "dry", "-n", NS, "--type=merge", "-p", json.dumps({"spec": {"mode": "Serving"}}))
+    assert wait_for(lambda: cluster.args("dry")) == expected_args(doc)
+    served = wait_for(lambda: (s := cluster.service("dry"))["status"].get("plannedActions") is None and s)
+    assert condition(served, "Ready").get("reason") != "PlanOnly"
+
+
+def test_held_requests_wake_a_service_at_zero_and_the_cold_start_is_reported(cluster, operator):
+    doc = example("idle")
+    doc["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, "idleSeconds": 60}
+    cluster.apply(doc)
+    wait_for(lambda: cluster.deployment("idle"))
+    cluster.apps.patch_namespaced_deployment("idle", NS, {"spec": {"replicas": 0}})
+    wait_for(lambda: cluster.service("idle").get("status", {}).get("desiredReplicas") == 0)
+    cluster.kubectl("annotate", "infsvc", "idle", "-n", NS, "held.gateway.specfleet.io/gw-0=2")
+    assert wait_for(lambda: cluster.deployment("idle")["spec"]["replicas"] == 1)
+    assert wait_for(lambda: [e for e in cluster.events("idle") if e["reason"] == "ScaleFromZero"])
+    decisions = wait_for(lambda: cluster.service("idle")["status"].get("lastDecisions"))
+    assert (decisions[-1]["from"], decisions[-1]["to"], decisions[-1]["reason"]) == ("0", "1", "HeldRequests")
+    cluster.apps.patch_namespaced_deployment_status("idle", NS, {"status": {"replicas": 1, "readyReplicas": 1}})
+    cold = wait_for(lambda: cluster.service("idle")["status"].get("coldStart"))
+    assert cold["heldRequests"] == 2 and cold["lastSeconds"] > 0
+    assert wait_for(lambda: [e for e in cluster.events("idle") if e["reason"] == "ColdStart"])
+
+
+def test_a_small_context_alone_is_accepted_and_planned_within_it(cluster, operator):
+    doc = example("small-context")
+    doc["spec"]["slo"] = {"ttftP99Ms": 2000, "itlP99Ms": 200, "maxContextTokens": 512, "requestsPerSecond": 0.3}
+    cluster.apply(doc)
+    svc = wait_for(lambda: (s := cluster.service("small-context")).get("status", {}).get("plan") and s)
+    assert condition(svc, "Degraded")["status"] == "False"
+    args = wait_for(lambda: cluster.args("small-context"))
+    flag = lambda name: int(args[args.index(name) + 1])  # noqa: E731
+    assert flag("--num-kv-blocks") * flag("--block-size") >= 512
 
 
 def test_an_infeasible_service_is_degraded_with_a_reason_and_the_operator_keeps_going(cluster, operator):

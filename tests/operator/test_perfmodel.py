@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfleet.operator import perfmodel as pm
-from specfleet.operator.planner import model_shape
+from specfleet.operator.capacity import model_shape
 
 GiB = pm.GiB
 LLAMA70 = pm.ModelShape(parameters=70e9, num_layers=80, hidden_size=8192, num_attention_heads=64,

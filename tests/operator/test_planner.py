@@ -93,7 +93,7 @@ def test_a_prefill_bound_service_gets_the_replicas_the_autoscaler_would_ask_for(
     """1000-token prompts, 300-token answers: slots alone (Little's law) would give 8 replicas for
     240 req/s; the prefill rate at the autoscaler's utilization (what it sizes by) needs more."""
     from specfleet.operator import api
-    from specfleet.operator.control.calibration import service_model
+    from specfleet.operator.capacity import service_model
     from specfleet.operator.simulator import scenarios
 
     doc = {**scenarios.SERVICE, "slo": {**scenarios.SERVICE["slo"], "requestsPerSecond": 240}}
@@ -110,7 +110,7 @@ def test_speculation_starts_where_the_controller_would_keep_it(gpus, models):
     replicas, so the plan starts with it off (k kept for later); at 10 req/s one replica has room to
     spare and it starts on."""
     from specfleet.operator import api
-    from specfleet.operator.control.calibration import service_model
+    from specfleet.operator.capacity import service_model
     from specfleet.operator.simulator import scenarios
 
     def at(rps):

@@ -32,7 +32,9 @@ def test_specfleet_args_are_exactly_the_engine_contract(make_spec, gpus, models)
     assert flags == {"--model": "/models/model", "--served-model-name": "m", "--port": "8000", "--block-size": "16",
                      "--num-kv-blocks": str(plan.kv_cache_blocks), "--max-num-seqs": str(plan.max_num_seqs),
                      "--max-num-batched-tokens": str(plan.max_num_batched_tokens), "--enable-prefix-caching": None,
-                     "--ttft-deadline-ms": "1000",     # beyond DESIGN §3: the SLO's TTFT for deadline admission
+                     "--ttft-deadline-ms": "1000",     # beyond docs/design.md §3: the SLO's TTFT for deadline admission
+                     "--itl-target-ms": "30",           # the ITL SLO: with the TTFT, what counts as a met request
+                     "--drain-timeout": "110",          # drained and exited within the pod's 120 s grace period
                      "--speculative-method": "ngram", "--num-speculative-tokens": str(plan.speculation.k),
                      "--speculation-enabled": "true", "--admin-token-file": render.ADMIN_TOKEN_FILE}
 
@@ -52,6 +54,16 @@ def test_the_builtin_model_runs_on_cpu_without_gpu_resources(make_spec, gpus, mo
     container = pod["containers"][0]
     assert _flags(container["args"])["--model"] == "smollm2-135m"
     assert "nvidia.com/gpu" not in json.dumps(container["resources"]) and "tolerations" not in pod
+
+
+def test_a_cpu_pod_requests_cores_and_the_memory_of_its_weights_and_kv_pool(make_spec, gpus, models):
+    _, plan, (deploy, _, _) = _render(make_spec, gpus, models, model={"source": "builtin:smollm2-135m"},
+                                      accelerator={"type": "cpu"}, slo={"itlP99Ms": 200, "ttftP99Ms": 3000})
+    resources = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]
+    footprint = plan.weights_bytes + plan.kv_cache_blocks * plan.block_size * plan.kv_bytes_per_token
+    memory_gib = int(resources["requests"]["memory"].removesuffix("Gi"))
+    assert footprint / 2**30 < memory_gib <= footprint / 2**30 + 2
+    assert resources["requests"]["cpu"] == "2" and resources["limits"]["memory"] == resources["requests"]["memory"]
 
 
 def test_gpu_plans_request_their_gpus(make_spec, gpus, models):

@@ -55,3 +55,8 @@ def test_capacity_limits_keep_the_plan_but_say_degraded(make_spec, gpus, models)
     st = status.planned(plan, 1, "s", [], T0)
     assert _cond(st, "Degraded")["reason"] == "CapacityLimited" and "plan" in st
     assert status.rollout(1, 1, 1, st["conditions"], T0)["phase"] == "Degraded"
+
+
+def test_a_service_scaled_to_zero_says_so_rather_than_not_ready():
+    ready = _cond(status.rollout(0, 0, 0, [], T0), "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ScaledToZero"

@@ -3,8 +3,8 @@
 * SIGKILLed in the middle of reconciling a batch of InferenceServices (and a CR deleted, another edited
   while it is down): after a restart every CR has exactly one Deployment / Service / PDB / Secret /
   NetworkPolicy, the deleted CR's objects are collected, status and observedGeneration converge;
-* SIGKILLed right after the control loop applied a scale-down (stand-in engine pods from the shared
-  `fake_engine_pods` fixture, SPECFLEET_POD_ENDPOINTS_FILE): the replica count only ever steps down by
+* SIGKILLed right after the control loop applied a scale-down (stand-in engines from the shared
+  `fake_engine_pods` fixture behind Pod objects the operator discovers from the API): the replica count only ever steps down by
   the policy's bound, never below minReplicas, never back up, and reaches the minimum after the restart;
 * facing API calls that hang past its client timeout (the emulator's /_faults hook, `delay_s`): the
   reconcile is retried with a doubling backoff, the process stays up, and it converges once the fault
@@ -28,6 +28,9 @@ import yaml
 from specfleet.cluster.apiserver import running_apiserver
 from specfleet.operator import api, render
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "control"))
+from test_loop_e2e import stand_in_pods  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +45,7 @@ OWNED = {"Deployment": f"/apis/apps/v1/namespaces/{NS}/deployments",
          "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"}
 
 
-class Cluster:
+class HttpCluster:
     def __init__(self, server):
         self.server, self.url = server, server.url
         self.http = httpx.Client(base_url=server.url, timeout=10)
@@ -81,7 +84,7 @@ class Cluster:
         return out
 
 
-class Operator:
+class KillableOperator:
     """`specfleet operator run -A` as a child process in its own session (SIGKILL takes all of it)."""
 
     def __init__(self, env: dict, log: Path):
@@ -110,7 +113,7 @@ def cluster(tmp_path):
         env = {**os.environ, "KUBECONFIG": str(server.kubeconfig)}
         subprocess.run([str(BIN / "kubectl"), "apply", "-f", str(ROOT / "crds/inferenceservice.yaml")], env=env,
                        check=True, capture_output=True, timeout=60)
-        c = Cluster(server)
+        c = HttpCluster(server)
         c.http.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         c.env = env
         yield c
@@ -118,13 +121,13 @@ def cluster(tmp_path):
 
 @pytest.fixture
 def operator(cluster, tmp_path):
-    op = Operator(dict(cluster.env), tmp_path / "operator.log")
+    op = KillableOperator(dict(cluster.env), tmp_path / "operator.log")
     yield op
     op.stop()
     print(op.log.read_text()[-3000:] if op.log.exists() else "(no operator log)")
 
 
-def converged(cluster: Cluster, names: set[str]) -> bool:
+def converged(cluster: HttpCluster, names: set[str]) -> bool:
     for name in names:
         svc = cluster.service(name)
         st = (svc or {}).get("status") or {}
@@ -168,9 +171,12 @@ def test_killed_mid_batch_the_operator_resumes_without_duplicates_or_orphans(clu
 def test_killed_around_a_scale_down_it_neither_double_scales_nor_oscillates(cluster, operator, rel,
                                                                             fake_engine_pods, tmp_path):
     engines, urls = fake_engine_pods(2)
-    endpoints = tmp_path / "endpoints.json"
-    endpoints.write_text(json.dumps({f"{NS}/chat": urls}))
-    operator.env.update(SPECFLEET_CONTROL_INTERVAL="1", SPECFLEET_POD_ENDPOINTS_FILE=str(endpoints))
+    for pod, status in stand_in_pods(NS, "chat", urls):
+        assert cluster.http.post(f"/api/v1/namespaces/{NS}/pods", json=pod).status_code == 201
+        patched = cluster.http.patch(f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}/status",
+                                     json={"status": status}, headers={"Content-Type": "application/merge-patch+json"})
+        assert patched.status_code == 200, patched.text
+    operator.env.update(SPECFLEET_CONTROL_INTERVAL="1")
     span, t0 = 3, time.monotonic()
     phase = lambda what: print(f"{time.monotonic() - t0:6.1f} s  {what}")  # noqa: E731
     operator.start()

@@ -54,6 +54,7 @@ RBAC_REASONS = {
     ("", "pods", "get"): "control loop: pod endpoints to scrape",
     ("", "pods", "list"): "control loop: ready pods of a Service",
     ("", "pods", "watch"): "kopf-compatible pod lookups",
+    ("", "pods", "patch"): "scale-down: controller.kubernetes.io/pod-deletion-cost on the pods chosen to go",
 }
 NEVER = {"delete", "deletecollection", "escalate", "bind", "impersonate", "*"}
 
@@ -79,9 +80,10 @@ def test_every_rbac_verb_has_a_reason_and_none_is_dangerous():
 
 
 def test_the_admin_token_is_compared_in_constant_time():
-    from specfleet.engine.server import admin
+    from specfleet.engine.server import auth
 
-    source = inspect.getsource(admin.require_admin)
+    assert "matches(given, (access.admin_token,))" in inspect.getsource(auth.require_admin)
+    source = inspect.getsource(auth.matches)
     assert "hmac.compare_digest" in source and "==" not in source
 
 
@@ -91,6 +93,30 @@ def test_the_admin_api_refuses_missing_and_wrong_tokens(abuse_server):
     assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.get(url, headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
     assert httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_a_served_engine_takes_keys_from_flag_file_and_environment_and_keeps_admin_off(
+        engine_process, rel, tmp_path, monkeypatch):
+    """`specfleet engine serve` as deployed: keys from --api-key, --api-key-file and SPECFLEET_API_KEY; no
+    --admin-token-file, so the admin API is off; probes and metrics stay open."""
+    keys = tmp_path / "api-keys"
+    keys.write_text("file-key\n")
+    monkeypatch.setenv("SPECFLEET_API_KEY", "env-key")
+    server = engine_process("--max-model-len", "64", "--api-key", "flag-key", "--api-key-file", str(keys))
+    assert rel.wait_for(server.ready, 90, 0.2)
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    for key in ("flag-key", "file-key", "env-key"):
+        ok = httpx.post(server.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"},
+                        timeout=60)
+        assert ok.status_code == 200, (key, ok.text)
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        refused = httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=60)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    for path in ("/health", "/ready", "/metrics"):
+        assert httpx.get(server.url + path).status_code == 200
+    admin = httpx.post(server.url + "/admin/speculation", json={"enabled": True},
+                       headers={"Authorization": "Bearer flag-key"})
+    assert admin.status_code == 403 and admin.json()["error"]["code"] == "admin_api_disabled"
 
 
 @pytest.fixture(scope="module")

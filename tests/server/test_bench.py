@@ -47,3 +47,48 @@ def test_summary_percentiles():
     assert summary["completed"] == 100 and summary["failed"] == 1 and summary["errors"] == ["boom"]
     assert summary["ttft_ms"]["p50"] == pytest.approx(50.5) and summary["ttft_ms"]["p99"] == pytest.approx(99.01)
     assert summary["request_throughput"] == pytest.approx(10.0)
+
+
+def test_bench_serve_takes_vllm_workload_knobs_on_both_endpoints(live_server, tiny_llama, tmp_path):
+    from specfleet.cli.main import app
+
+    for endpoint in ("/v1/completions", "/v1/chat/completions"):
+        out = tmp_path / "bench.json"
+        result = CliRunner().invoke(app, [
+            "bench", "serve", "--base-url", live_server.base_url, "--model", "tiny", "--tokenizer", tiny_llama,
+            "--dataset-name", "random", "--random-input-len", "12", "--random-output-len", "4",
+            "--num-prompts", "4", "--max-concurrency", "2", "--request-rate", "inf", "--ignore-eos",
+            "--endpoint", endpoint, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        report = json.loads(out.read_text())
+        assert report["completed"] == 4 and report["failed"] == 0 and report["total_output_tokens"] == 16
+        assert report["config"]["endpoint"] == endpoint
+        assert all(r["ttft_s"] > 0 and r["text"] for r in report["requests"])
+    live_server.wait_idle()
+
+
+def test_random_dataset_prompts_are_random_token_ids_of_the_requested_length(tiny_llama):
+    from transformers import AutoTokenizer
+
+    from specfleet.cli.bench_cmds import random_requests
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    requests = random_requests(tokenizer, 8, 20, 7, range_ratio=0.0, seed=1)
+    assert [r.prompt_len for r in requests] == [20] * 8 and {r.max_tokens for r in requests} == {7}
+    assert len({r.prompt for r in requests}) == 8
+    assert all(abs(len(tokenizer.encode(r.prompt, add_special_tokens=False)) - 20) <= 2 for r in requests)
+    varied = random_requests(tokenizer, 16, 20, 10, range_ratio=0.5, seed=1)
+    assert all(10 <= r.prompt_len <= 30 and 5 <= r.max_tokens <= 15 for r in varied)
+    assert random_requests(tokenizer, 8, 20, 7, 0.0, seed=1) == requests
+
+
+def test_vllm_endpoint_paths_and_backend_select_the_endpoint():
+    import typer
+
+    from specfleet.cli.bench_cmds import endpoint_path
+
+    assert endpoint_path("/v1/completions", "vllm") == "/v1/completions"
+    assert endpoint_path("/v1/completions", "openai-chat") == "/v1/chat/completions"
+    assert endpoint_path("chat", None) == "/v1/chat/completions"
+    with pytest.raises(typer.BadParameter):
+        endpoint_path("/v1/embeddings", None)

@@ -105,9 +105,10 @@ def test_admin_toggles_speculation_and_metrics_follow(spec_server):
     assert httpx.post(url, json={"enabled": True}, headers=auth).json()["enabled"] is True
 
 
-def test_admin_answers_409_while_speculation_is_not_configured(live_server):
-    url = f"{live_server.base_url}/admin/speculation"
-    assert httpx.get(url).json()["configured"] is False
-    resp = httpx.post(url, json={"enabled": True})
+def test_admin_answers_409_while_speculation_is_not_configured(server_factory):
+    plain = server_factory(admin_token="s3cret")
+    url, auth = f"{plain.base_url}/admin/speculation", {"Authorization": "Bearer s3cret"}
+    assert httpx.get(url, headers=auth).json()["configured"] is False
+    resp = httpx.post(url, json={"enabled": True}, headers=auth)
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "speculation_not_configured"
     assert "--speculative-method" in resp.json()["error"]["message"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -148,3 +149,50 @@ async def test_64_concurrent_streams_complete_and_metrics_agree(live_server):
     await client.close()
     assert counts == [8 + i % 8 for i in range(64)]
     assert generation_tokens() - before == sum(counts)
+
+
+def test_the_bodies_vllm_bench_serve_sends_are_accepted(http):
+    """What `vllm bench serve` posts: repetition_penalty 1.0, logprobs null, chat content as text parts,
+    max_completion_tokens, ignore_eos, an x-request-id header."""
+    common = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+              "temperature": 0.0}
+    bodies = {"/v1/completions": {**common, "prompt": "hello there", "repetition_penalty": 1.0, "max_tokens": 3,
+                                  "logprobs": None},
+              "/v1/chat/completions": {**common, "max_completion_tokens": 3,
+                                       "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}}
+    for path, body in bodies.items():
+        with http.stream("POST", path, json=body, headers={"x-request-id": "bench-0"}) as resp:
+            assert resp.status_code == 200
+            events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == 3
+
+
+async def test_chat_stream_holds_the_role_chunk_until_the_first_token():
+    """A client that times the first chunk (vLLM's benchmark does) must see the first token's time, so the
+    role chunk is not sent before the engine has produced anything."""
+    from types import SimpleNamespace
+
+    from specfleet.engine.outputs import RequestOutput
+    from specfleet.engine.server.async_engine import RequestStream
+    from specfleet.engine.server.serving import OpenAIServing, _ChatFormat, _Job
+
+    state = SimpleNamespace(model_name="tiny", tokenizer=None)
+    job = _Job("chatcmpl-1", [[1, 2]], [None], True, False, 0, None, "messages")
+    stream = RequestStream(["r0"], arrival=0.0)
+    events = OpenAIServing(state)._events(stream, job, _ChatFormat(state, job))
+    first = asyncio.ensure_future(events.__anext__())
+    await asyncio.sleep(0.05)
+    assert not first.done()
+    stream.queue.put_nowait(RequestOutput("r0", None, [1, 2], [5], "Hi", new_token_ids=[5]))
+    role = json.loads((await first)[6:])
+    token = json.loads((await events.__anext__())[6:])
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert token["choices"][0]["delta"] == {"content": "Hi"}
+    await events.aclose()
+
+
+def test_non_neutral_vllm_sampling_extensions_are_refused_by_name(http):
+    for field, value in (("repetition_penalty", 1.3), ("min_p", 0.1), ("min_tokens", 2)):
+        resp = http.post("/v1/completions", json={"model": "tiny", "prompt": "hi", field: value})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == field

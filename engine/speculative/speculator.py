@@ -12,9 +12,9 @@ import torch
 
 from specfleet.engine.sampler import SamplingTensors, probabilities
 from specfleet.engine.sequence import Sequence
-from specfleet.engine.spec.draft import DraftProposer
-from specfleet.engine.spec.ngram import NgramProposer
-from specfleet.engine.spec.rejection import Verdict, verify
+from specfleet.engine.speculative.draft import DraftProposer
+from specfleet.engine.speculative.ngram import NgramProposer
+from specfleet.engine.speculative.rejection import Verdict, verify
 from specfleet.engine.stats import EngineStats
 
 COUNTERFACTUAL_K = 4

@@ -1,4 +1,5 @@
-"""The two pure controllers together, in the order the operator (and the simulator) runs them.
+"""The coordinator of the two pure controllers: the speculation controller and the autoscaler, in the
+order the operator (and the simulator) runs them.
 
 An interval: speculation decides first, on the load the autoscaler sizes for (the arrivals plus its
 noise headroom), so "free in replicas" means free for the fleet the autoscaler is about to choose; the
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specfleet.operator.control import autoscaler, speculation
-from specfleet.operator.control.calibration import ServiceModel, alpha_from_acceptance
+from specfleet.operator.capacity import ServiceModel, alpha_from_acceptance
 from specfleet.operator.control.window import Window
 
 

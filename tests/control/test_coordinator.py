@@ -1,10 +1,10 @@
-"""Both controllers together (control/joint.py): speculation judged on the load the autoscaler sizes for."""
+"""Both controllers together (control/coordinator.py): speculation judged on the load the autoscaler sizes for."""
 from __future__ import annotations
 
 import math
 
-from specfleet.operator.control import autoscaler, joint, speculation
-from specfleet.operator.control.calibration import alpha_from_acceptance
+from specfleet.operator.control import autoscaler, coordinator, speculation
+from specfleet.operator.capacity import alpha_from_acceptance
 
 SCALING = autoscaler.ScalingPolicy(min_replicas=1, max_replicas=10)
 SPEC = speculation.SpeculationPolicy(mode="auto", max_k=4, min_acceptance=0.5, dwell_s=60)
@@ -24,11 +24,11 @@ def _edge(model, replicas: int = 2):
 def test_noise_headroom_that_would_cost_a_replica_turns_speculation_off_and_the_fleet_stays(model, make_window):
     rps, headroom = _edge(model)
     w = make_window(rps=rps, finished=rps, running_growth=0.0, pods=2, batch=8, acceptance=0.6, k=1)
-    calm = joint.Controllers(autoscaler.AutoscalerState(), speculation.SpeculationState(True, 1))
-    noisy = joint.Controllers(autoscaler.AutoscalerState(noise=headroom ** 2), speculation.SpeculationState(True, 1))
-    d, st = joint.interval(w, model, 2, 2, SCALING, SPEC, calm, 1000.0, 0.6)
+    calm = coordinator.Controllers(autoscaler.AutoscalerState(), speculation.SpeculationState(True, 1))
+    noisy = coordinator.Controllers(autoscaler.AutoscalerState(noise=headroom ** 2), speculation.SpeculationState(True, 1))
+    d, st = coordinator.interval(w, model, 2, 2, SCALING, SPEC, calm, 1000.0, 0.6)
     assert d.speculation.enabled and st.speculation.enabled and d.scale.desired == 2
-    d, st = joint.interval(w, model, 2, 2, SCALING, SPEC, noisy, 1000.0, 0.6)
+    d, st = coordinator.interval(w, model, 2, 2, SCALING, SPEC, noisy, 1000.0, 0.6)
     assert not st.speculation.enabled and d.speculation.reason == "CostsReplicas"
     assert d.scale.desired == 2                       # sized without speculation: no third replica
     # the controller alone, blind to the headroom, keeps it on, and the autoscaler then wants 3
@@ -46,13 +46,13 @@ def test_the_headroom_is_what_the_autoscaler_adds(model, make_window):
 
 def test_a_fixed_replica_count_runs_speculation_only(model, make_window):
     w = make_window(rps=5.0, finished=5.0, running_growth=0.0, batch=8, acceptance=0.6)
-    d, st = joint.interval(w, model, 2, 2, None, SPEC, joint.Controllers(autoscaler.AutoscalerState(),
+    d, st = coordinator.interval(w, model, 2, 2, None, SPEC, coordinator.Controllers(autoscaler.AutoscalerState(),
                                                                           speculation.SpeculationState(True, 4)),
                            1000.0, 0.6)
     assert d.scale is None and d.speculation is not None and st.scaling == autoscaler.AutoscalerState()
 
 
 def test_alpha_in_effect_falls_back_without_a_measurement(make_window):
-    assert joint.alpha_in_effect(make_window(acceptance=None), 4, 0.55) == 0.55
-    measured = joint.alpha_in_effect(make_window(acceptance=0.6, k=4), 4, 0.55)
+    assert coordinator.alpha_in_effect(make_window(acceptance=None), 4, 0.55) == 0.55
+    measured = coordinator.alpha_in_effect(make_window(acceptance=0.6, k=4), 4, 0.55)
     assert math.isclose(measured, alpha_from_acceptance(0.6, 4))

@@ -1,0 +1,21 @@
+"""prepare_model: what the engine calls for a model that runs on CPU (packed linears, the C++ attention and
+the fused elementwise steps from the same extension)."""
+from __future__ import annotations
+
+from torch import nn
+
+from specfleet.engine.cpu import attention
+from specfleet.engine.cpu.linear import pack_linears
+
+
+def prepare_model(model: nn.Module, backend: str) -> None:
+    """Packs the linears and, unless the torch reference path was asked for, installs the C++ extension:
+    paged attention and the decoder's fused elementwise steps."""
+    pack_linears(model)
+    if backend == "torch":
+        return
+    if attention.available():
+        model.set_attention_backend(attention.CpuPagedAttention)
+        model.set_elementwise(attention.load_kernel())
+    elif backend == "cpu":
+        raise RuntimeError("attention backend 'cpu' requested but its kernel does not build; see the log")

@@ -1,1 +1,0 @@
-"""Speculative decoding: proposers (n-gram, draft model), lossless verification, live control."""

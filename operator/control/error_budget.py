@@ -1,0 +1,128 @@
+"""SLO error budgets: attainment over rolling windows and how fast the budget burns.
+
+An objective of 0.99 allows 1% of requests to miss their TTFT or ITL target: that 1% is the error
+budget. The burn rate over a window is the fraction that missed divided by the fraction allowed, so
+1.0 spends the budget exactly over the SLO period and 14.4 spends a 30-day budget in about two days.
+Alerts follow the multi-window, multi-burn-rate scheme: a fast burn must show over a long window
+(it matters) and a short one (it is still happening), which keeps one slow request from paging and
+lets an alert clear soon after the burn stops.
+
+Pure: the caller feeds cumulative counts (requests that met both targets, requests in all) with their
+time; `FleetCounts` folds the pods' counters into those, a pod restart's reset included.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+WINDOWS_S = (300.0, 1800.0, 3600.0, 21600.0)      # 5m, 30m, 1h, 6h
+FAST_BURN = (3600.0, 300.0, 14.4)                 # long window, short window, burn-rate threshold
+SLOW_BURN = (21600.0, 1800.0, 6.0)
+
+
+@dataclass(frozen=True)
+class BudgetSample:
+    t: float          # seconds, monotonic or wall: only differences matter
+    good: float       # cumulative requests that met both TTFT and ITL targets
+    total: float      # cumulative finished requests
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    objective: float
+    attainment: dict[str, float]       # window label -> fraction of good requests (windows with requests only)
+    burn_rate: dict[str, float]        # window label -> burn rate
+    at_risk: bool
+    reason: str
+    burn: str = ""                     # "fast" | "slow" while at risk, else ""
+
+    def as_status(self) -> dict:
+        return {"objective": self.objective, "attainment": self.attainment, "burnRate": self.burn_rate,
+                "atRisk": self.at_risk, "reason": self.reason}
+
+
+def window_label(seconds: float) -> str:
+    return f"{int(seconds // 3600)}h" if seconds >= 3600 else f"{int(seconds // 60)}m"
+
+
+@dataclass
+class ErrorBudget:
+    """Rolling cumulative counts of one service; keeps just enough history for the longest window."""
+
+    objective: float
+    samples: deque[BudgetSample] = field(default_factory=deque)
+
+    def observe(self, t: float, good: float, total: float) -> None:
+        if self.samples and t <= self.samples[-1].t:
+            return
+        self.samples.append(BudgetSample(t, good, total))
+        horizon = t - max(WINDOWS_S)
+        while len(self.samples) > 2 and self.samples[1].t <= horizon:
+            self.samples.popleft()
+
+    def counts(self, window_s: float) -> tuple[float, float]:
+        """(good, total) over the last `window_s`, or over the history there is if it is shorter."""
+        if len(self.samples) < 2:
+            return 0.0, 0.0
+        last = self.samples[-1]
+        start = next((s for s in self.samples if s.t >= last.t - window_s), self.samples[0])
+        if start is last:
+            start = self.samples[-2]
+        return last.good - start.good, last.total - start.total
+
+    def burn_rate(self, window_s: float) -> float | None:
+        good, total = self.counts(window_s)
+        if total <= 0:
+            return None
+        return (1.0 - good / total) / max(1.0 - self.objective, 1e-9)
+
+    def report(self) -> BudgetReport:
+        attainment, burn_rates = {}, {}
+        for w in WINDOWS_S:
+            good, total = self.counts(w)
+            if total > 0:
+                attainment[window_label(w)] = round(good / total, 5)
+                burn_rates[window_label(w)] = round(self.burn_rate(w), 3)
+        at_risk, reason, burn = False, "", ""
+        for name, (long_w, short_w, threshold) in (("fast", FAST_BURN), ("slow", SLOW_BURN)):
+            long_b, short_b = self.burn_rate(long_w), self.burn_rate(short_w)
+            if long_b is not None and short_b is not None and min(long_b, short_b) > threshold:
+                at_risk, burn = True, name
+                reason = (f"{name} burn: {long_b:.1f}x over {window_label(long_w)} and {short_b:.1f}x over "
+                          f"{window_label(short_w)} (threshold {threshold}x of a {self.objective:g} objective)")
+                break
+        return BudgetReport(self.objective, attainment, burn_rates, at_risk, reason, burn)
+
+
+SERVED = "specfleet:requests_slo_served"
+MET = "specfleet:requests_slo_met"
+
+
+@dataclass
+class FleetCounts:
+    """The fleet's cumulative (met, served) counts, folded from per-pod counters that restart at zero.
+
+    Each pod's counters are cumulative only for the life of its process: the fleet total grows by each
+    pod's delta since its previous scrape, and a value below the previous one is a restart (the delta is
+    the new value: what the new process has counted). A pod seen for the first time contributes nothing
+    until its second scrape, so an operator restart does not count a pod's whole history as new."""
+
+    good: float = 0.0
+    total: float = 0.0
+    last: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def fold(self, per_pod: dict[str, tuple[float, float]], present: set[str] | None = None) -> None:
+        """`per_pod`: pod -> (met, served) as scraped now; pods in neither it nor `present` (the pods that
+        still exist; a scrape can fail for one round) are forgotten."""
+        for pod, (met, served) in per_pod.items():
+            before = self.last.get(pod)
+            if before is not None:
+                self.good += _delta(before[0], met)
+                self.total += _delta(before[1], served)
+            self.last[pod] = (met, served)
+        keep = set(per_pod) | (present or set())
+        self.last = {pod: v for pod, v in self.last.items() if pod in keep}
+
+
+def _delta(before: float, now: float) -> float:
+    return now if now < before else now - before

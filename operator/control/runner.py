@@ -1,0 +1,272 @@
+"""The I/O of one InferenceService's control loop (`scheduler.py` decides when it runs).
+
+`ServiceControl` holds the service's state (kept in its kopf `memo`): the plan of the current
+generation (planned once per generation, not per interval) and the `ServiceLoop` of the pure steps.
+Each interval it takes the service's engine pods and its Deployment's replica counts as the watches
+report them (`discovery.EngineView`: no API call), scrapes the serving pods, runs `loop.decide_step`,
+applies the decision through the `Kube` interface (the Deployment's `spec.replicas`, never the CR spec;
+before a scale-down the pods to remove are marked with `controller.kubernetes.io/pod-deletion-cost`;
+speculation through `POST /admin/speculation` on every ready pod with the `<name>-admin` Secret's bearer
+token, or the `specfleet.io/speculation` annotation the reconciler renders into the vllm args) and
+returns the status patch and Events (with the error budget folded from the pods' SLO counters).
+Between intervals `detect` scrapes again for a surge (scale-ups only).
+
+A service with no pods and nothing scraped before is idle: a step costs a list lookup and no I/O.
+After an operator restart the state is rebuilt from the Deployment and the first two scrapes.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import httpx
+
+from specfleet.operator import api, capacity, catalogs, model_folder, planner, render
+from specfleet.operator.control import discovery, loop, scale_down, speculation, telemetry
+from specfleet.operator.control.calibration import recalibrate
+from specfleet.operator.control.discovery import EnginePod
+from specfleet.operator.control.window import Scrape, Window, build_window
+from specfleet.operator.metrics_source import scrape_pods, set_speculation
+
+log = logging.getLogger("specfleet.operator.control")
+
+
+@dataclass
+class ControlOutcome:
+    """What one control step reports: the status fields it changes and (type, reason, message) Events."""
+
+    status: dict
+    events: list[tuple[str, str, str]]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The plan of one generation of the spec (plan None: invalid or infeasible, nothing to control)."""
+
+    generation: int
+    spec: api.InferenceServiceSpec | None
+    plan: planner.Plan | None
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+class ServiceControl:
+    """The control loop of one InferenceService: its state, and each step's I/O through `kube`."""
+
+    def __init__(self, namespace: str, name: str, kube, config: loop.LoopConfig,
+                 http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic):
+        """`http`: the operator's one HTTP client for scrapes and speculation switches (making a client
+        costs tens of milliseconds of CPU; None: one per call)."""
+        self.namespace, self.name, self.kube, self.config, self.clock = namespace, name, kube, config, clock
+        self.http = http
+        self.planned: Planned | None = None
+        self.state: loop.ServiceLoop | None = None
+
+    def idle(self, pods: list[EnginePod]) -> bool:
+        """Nothing to observe: no pods, and no earlier scrape whose disappearance would be news."""
+        return not pods and (self.state is None or not self.state.prev)
+
+    async def interval(self, body: dict, pods: list[EnginePod], replicas: Replicas | None,
+                       when: str) -> ControlOutcome | None:
+        """One interval; None when there is nothing to control (idle, no plan, no Deployment). `replicas`:
+        the Deployment's (spec.replicas, readyReplicas) as the watch last reported them."""
+        if self.idle(pods) or replicas is None or (planned := self._planned(body)).plan is None:
+            return None
+        st, spec, plan = self.state, planned.spec, planned.plan
+        current, ready = replicas
+        endpoints = discovery.endpoints(pods)
+        scrapes = await scrape_pods(endpoints, client=self.http) if endpoints else {}
+        window = build_window(st.prev, scrapes, expected=len(endpoints))
+        previous = st.prev
+        st.prev = {**{p: s for p, s in st.prev.items() if p in endpoints}, **scrapes}
+        st.recent = dict(st.prev)
+        if window is not None and window.complete and st.speculation is not None:
+            st.model = recalibrate(st.model, window.steps, st.speculation.k)
+        waiting = tuple(p.unschedulable for p in discovery.unschedulable(pods))
+        step = loop.decide_step(window, spec, plan, st, current, ready, self.clock(), when, waiting)
+        step.budget, at_risk, events = loop.observe_budget(st, scrapes, set(endpoints), self.clock(),
+                                                           spec.slo.objective)
+        step.conditions += [at_risk] if at_risk is not None else []
+        step.events += events
+        if step.scale is not None and step.scale.changed and step.scale.desired < step.scale.current:
+            step.events += await self._mark_for_deletion(pods, scrapes, previous, step.scale.desired)
+        await self._apply(spec, step, endpoints, scrapes)
+        _record_metrics(self.namespace, self.name, spec, plan, step, ready, window, st)
+        return ControlOutcome(loop.status_patch(body, step, when), step.events)
+
+    async def detect(self, body: dict, pods: list[EnginePod], replicas: Replicas | None,
+                     when: str) -> ControlOutcome | None:
+        """One surge detection between intervals; None unless it scaled up (or before the first interval)."""
+        planned, st = self.planned, self.state
+        if (self.idle(pods) or replicas is None or st is None or planned is None or planned.plan is None
+                or planned.generation != _generation(body) or planned.spec.replicas is not None):
+            return None
+        endpoints = discovery.endpoints(pods)
+        if not endpoints or discovery.unschedulable(pods):      # replicas already wait for a node: no more
+            return None
+        current, ready = replicas
+        scrapes = await scrape_pods(endpoints, client=self.http)
+        window = build_window(st.recent, scrapes, expected=len(endpoints))
+        st.recent = {**{p: s for p, s in st.recent.items() if p in endpoints}, **scrapes}
+        step = loop.detect_step(window, planned.spec, st, current, ready, self.clock(), when)
+        if step is None:
+            return None
+        await self._apply(planned.spec, step, endpoints, scrapes)
+        telemetry.DESIRED.labels(self.namespace, self.name).set(step.scale.desired)
+        telemetry.DECISIONS.labels(self.namespace, self.name, "scale", step.scale.reason).inc()
+        return ControlOutcome(loop.status_patch(body, step, when), step.events)
+
+    def _planned(self, body: dict) -> Planned:
+        """The plan of the body's generation: planned once per generation; a spec edit keeps the scrapes
+        and the scaling history and re-plans the rest."""
+        generation = _generation(body)
+        if self.planned is not None and self.planned.generation == generation:
+            return self.planned
+        self.planned = Planned(generation, None, None)
+        try:
+            spec = api.parse_spec(body.get("spec") or {})
+        except api.SpecError:
+            return self.planned
+        if spec.plan_only:                  # nothing of ours to control (a leftover workload is left alone)
+            return self.planned
+        spec = model_folder.with_folder_architecture(spec, catalogs.models())
+        plan = planner.plan(spec, catalogs.gpus(), catalogs.models())
+        model = capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models()) \
+            if isinstance(plan, planner.Plan) else None
+        if model is None:
+            return self.planned
+        sp = plan.speculation
+        spec_state = speculation.SpeculationState(sp.enabled, sp.k) if sp.method is not None and sp.k > 0 else None
+        if self.state is not None:
+            self.state = replace(self.state, generation=generation, model=model, speculation=spec_state)
+        else:
+            self.state = loop.ServiceLoop(generation, model, speculation=spec_state, config=self.config)
+        self.planned = Planned(generation, spec, plan)
+        return self.planned
+
+    async def before_spec_scale_down(self, pods: list[EnginePod], desired: int) -> list[tuple[str, str, str]]:
+        """A scale-down the spec asks for (a fixed `replicas` lowered, `kubectl scale`): scrape the pods now
+        and mark the least loaded to go, as the autoscaler's own scale-downs do. Returns the Events."""
+        endpoints = discovery.endpoints(pods)
+        scrapes = await scrape_pods(endpoints, client=self.http) if endpoints else {}
+        previous = self.state.prev if self.state is not None else {}
+        return await self._mark_for_deletion(pods, scrapes, previous, desired)
+
+    async def _mark_for_deletion(self, pods: list[EnginePod], scrapes: dict[str, Scrape],
+                                 previous: dict[str, Scrape], desired: int) -> list[tuple[str, str, str]]:
+        """Before a scale-down: rank the pods (`scale_down`) and set their pod-deletion-cost, so the
+        ReplicaSet removes the least loaded. A failed annotation is reported; the scale-down goes on."""
+        loads = scale_down.loads([p.name for p in pods], scrapes, previous)
+        remove = max(0, len(pods) - desired)
+        costs = scale_down.deletion_costs(loads, remove)
+        results = await asyncio.gather(*(asyncio.to_thread(self.kube.annotate, "Pod", self.namespace, pod,
+                                                           {scale_down.DELETION_COST: str(cost)})
+                                         for pod, cost in costs.items()), return_exceptions=True)
+        failed = [(pod, r) for pod, r in zip(costs, results) if isinstance(r, Exception)]
+        for pod, exc in failed:
+            log.warning("pod-deletion-cost on %s/%s failed: %s", self.namespace, pod, exc)
+        chosen = scale_down.choose(loads, remove)
+        described = ", ".join(f"{p.pod} ({'not scraped' if p.in_flight is None else f'{p.in_flight:g} in flight'})"
+                              for p in chosen)
+        if failed:
+            return [("Warning", "DeletionCostFailed",
+                     f"could not mark {', '.join(p for p, _ in failed)}: {failed[0][1]}")]
+        return [("Normal", "PodsChosen", f"scale-down removes the least loaded first: {described}")] if chosen else []
+
+    async def _apply(self, spec: api.InferenceServiceSpec, step: loop.Step, endpoints: dict[str, str],
+                     scrapes: dict[str, Scrape]) -> None:
+        ns, name, st = self.namespace, self.name, self.state
+        if step.scale is not None and step.scale.changed:
+            await asyncio.to_thread(self.kube.scale, "Deployment", ns, name, step.scale.desired)
+        if st.speculation is None:
+            return
+        if spec.runtime.engine == "vllm":
+            if step.spec is not None and step.spec.changed:
+                value = f"enabled={str(st.speculation.enabled).lower()},k={st.speculation.k}"
+                await asyncio.to_thread(self.kube.annotate, "Deployment", ns, name,
+                                        {loop.SPECULATION_ANNOTATION: value})
+            return
+        stale = [pod for pod, s in scrapes.items() if _disagrees(s, st.speculation)]
+        targets = list(endpoints) if step.spec is not None and step.spec.changed else stale
+        if not targets:
+            return
+        token = await asyncio.to_thread(admin_token, self.kube, ns, name)
+        results = await asyncio.gather(*(set_speculation(endpoints[p], st.speculation.enabled, st.speculation.k,
+                                                         token, client=self.http) for p in targets),
+                                       return_exceptions=True)
+        for pod, result in zip(targets, results):
+            if isinstance(result, Exception):
+                log.warning("speculation switch on %s/%s pod %s failed: %s", ns, name, pod, result)
+                step.events.append(("Warning", "SpeculationSwitchFailed", f"pod {pod}: {result}"))
+
+
+Replicas = tuple[int, int]          # a Deployment's (spec.replicas, status.readyReplicas)
+
+
+def admin_token(kube, ns: str, name: str) -> str | None:
+    secret = kube.get("Secret", ns, render.admin_secret_name(name))
+    if secret is None:
+        return None
+    if (secret.get("data") or {}).get("token"):
+        return base64.b64decode(secret["data"]["token"]).decode()
+    return (secret.get("stringData") or {}).get("token")
+
+
+def _generation(body: dict) -> int:
+    return body["metadata"].get("generation", 1)
+
+
+def replicas_of(deployment: dict) -> Replicas:
+    """(spec.replicas, status.readyReplicas) of a Deployment."""
+    return (deployment.get("spec") or {}).get("replicas", 0), ((deployment.get("status") or {}).get("readyReplicas")
+                                                               or 0)
+
+
+def _disagrees(scrape: Scrape, state: speculation.SpeculationState) -> bool:
+    on = scrape.gauges.get("specfleet:speculation_enabled")
+    k = scrape.gauges.get("specfleet:num_speculative_tokens")
+    if on is None:
+        return False
+    return bool(on) != state.enabled or (state.enabled and k is not None and int(k) != state.k)
+
+
+def _record_metrics(ns, name, spec, plan, step: loop.Step, ready: int, window: Window | None,
+                    st: loop.ServiceLoop) -> None:
+    t = telemetry
+    labels = (ns, name)
+    if step.scale is not None:
+        t.DESIRED.labels(*labels).set(step.scale.desired)
+        t.DECISIONS.labels(*labels, "scale", step.scale.reason).inc()
+    if step.spec is not None:
+        t.DECISIONS.labels(*labels, "speculation", step.spec.reason).inc()
+    if step.budget is not None:
+        for span, value in step.budget.attainment.items():
+            t.BUDGET_ATTAINMENT.labels(*labels, span).set(value)
+        for span, value in step.budget.burn_rate.items():
+            t.BURN_RATE.labels(*labels, span).set(value)
+    t.ACTUAL.labels(*labels).set(ready)
+    t.PREDICTED.labels(*labels, "ttft").set(plan.predicted.ttft_p99_ms / 1000)
+    t.PREDICTED.labels(*labels, "itl").set(plan.predicted.itl_p99_ms / 1000)
+    t.TARGET.labels(*labels, "ttft").set(spec.slo.ttft_p99_ms / 1000)
+    t.TARGET.labels(*labels, "itl").set(spec.slo.itl_p99_ms / 1000)
+    if st.speculation is not None:
+        t.SPECULATION.labels(*labels).set(float(st.speculation.enabled))
+        t.SPEC_K.labels(*labels).set(st.speculation.k)
+    if window is None:
+        return
+    for metric, value in (("ttft", window.ttft_p99), ("itl", window.itl_p99)):
+        if value is not None:
+            t.OBSERVED.labels(*labels, metric).set(value)
+    attainment = window.slo_attainment(st.model.ttft_s, st.model.itl_s)
+    if attainment is not None:
+        t.ATTAINMENT.labels(*labels).set(attainment)
+    acceptance = window.acceptance_rate if window.acceptance_rate is not None else window.counterfactual_acceptance_rate
+    if acceptance is not None:
+        t.ACCEPTANCE.labels(*labels).set(acceptance)

@@ -1,0 +1,124 @@
+"""One scheduler for the control loops of all InferenceServices.
+
+Each tracked service has its `ServiceControl` (kept in the service's kopf `memo`) and a due time; one
+asyncio task sleeps until the earliest one, steps the services that are due (an interval every
+`interval_s`; surge detection every `detect_interval_s` in between, only while the service has pods
+to scrape) and schedules them again. A service with no pods (and nothing scraped before) is idle: its
+turn costs a look at the `EngineView` and a heap push, once an interval. A service is never stepped
+twice at once; different services step concurrently, at most `concurrency` at a time.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from specfleet.operator.control import discovery
+from specfleet.operator.control.discovery import EngineView
+from specfleet.operator.control.runner import ControlOutcome, ServiceControl, now_iso
+
+log = logging.getLogger("specfleet.operator.control")
+Key = tuple[str, str]                                   # (namespace, name)
+Publish = Callable[[dict, ControlOutcome], Awaitable[None]]
+
+
+@dataclass
+class _Tracked:
+    control: ServiceControl
+    body: Callable[[], dict]        # the service's latest body, as plain dicts
+    next_interval: float
+    due: float                      # the next step (interval or detection)
+
+
+class ControlScheduler:
+    def __init__(self, view: EngineView, publish: Publish, clock: Callable[[], float] = time.monotonic,
+                 concurrency: int = 32):
+        self.view, self.publish, self.clock = view, publish, clock
+        self._tracked: dict[Key, _Tracked] = {}
+        self._heap: list[tuple[float, int, Key]] = []
+        self._order = itertools.count()
+        self._limit = asyncio.Semaphore(concurrency)
+        self._changed = asyncio.Event()
+        self._running: set[asyncio.Task] = set()
+
+    def track(self, key: Key, control: ServiceControl, body: Callable[[], dict]) -> None:
+        """Start controlling a service, or give it a newer body; its first interval comes at a random point
+        of the second half of one (services created together do not step in the same instant forever)."""
+        tracked = self._tracked.get(key)
+        if tracked is not None:
+            tracked.body = body
+            return
+        first = self.clock() + control.config.interval_s * random.uniform(0.5, 1.0)
+        self._tracked[key] = _Tracked(control, body, first, first)
+        self._push(key, first)
+
+    def forget(self, key: Key) -> None:
+        self._tracked.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._tracked)
+
+    async def run(self) -> None:
+        """Step due services until cancelled."""
+        while True:
+            now = self.clock()
+            while self._heap and self._heap[0][0] <= now:
+                due, _, key = heapq.heappop(self._heap)
+                tracked = self._tracked.get(key)
+                if tracked is not None and tracked.due == due:     # else forgotten or rescheduled
+                    self._start(key, tracked)
+            wait = self._heap[0][0] - now if self._heap else None
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+
+    def _start(self, key: Key, tracked: _Tracked) -> None:
+        task = asyncio.create_task(self._step(key, tracked))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _step(self, key: Key, tracked: _Tracked) -> None:
+        control, now, pods = tracked.control, self.clock(), []
+        interval = now >= tracked.next_interval - 1e-3
+        if interval:
+            tracked.next_interval = now + control.config.interval_s
+        try:
+            pods = self.view.pods(*key)
+            if not control.idle(pods):
+                async with self._limit:
+                    await self._run_step(control, tracked, pods, interval)
+        finally:                    # whatever happened, the service keeps its turn
+            if self._tracked.get(key) is tracked:
+                tracked.due = self._next(control, tracked, pods)
+                self._push(key, tracked.due)
+
+    async def _run_step(self, control: ServiceControl, tracked: _Tracked, pods, interval: bool) -> None:
+        try:
+            plain = tracked.body()
+            step = control.interval if interval else control.detect
+            outcome = await step(plain, pods, self.view.replicas(control.namespace, control.name), now_iso())
+            if outcome is not None:
+                await self.publish(plain, outcome)
+        except Exception as exc:  # noqa: BLE001  (the next interval re-reads everything)
+            if control.kube.transient(exc):
+                log.warning("control of %s/%s skipped: API server: %s", control.namespace, control.name, exc)
+            else:
+                log.exception("control of %s/%s failed", control.namespace, control.name)
+
+    def _next(self, control: ServiceControl, tracked: _Tracked, pods) -> float:
+        """The interval, or sooner a detection while there are pods to scrape."""
+        detect = control.config.detect_interval_s
+        if detect and discovery.endpoints(pods):
+            return min(tracked.next_interval, self.clock() + detect)
+        return tracked.next_interval
+
+    def _push(self, key: Key, due: float) -> None:
+        heapq.heappush(self._heap, (due, next(self._order), key))
+        self._changed.set()

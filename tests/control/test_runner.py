@@ -1,0 +1,91 @@
+"""One service's control loop I/O (`control/runner.py`) against a fake Kube: idle services cost no call,
+the plan is made once per generation, pending replicas count as no capacity."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import yaml
+
+from specfleet.operator import planner
+from specfleet.operator.control import loop, runner
+from specfleet.operator.control.discovery import EnginePod
+
+EXAMPLE = "manifests/examples/smollm2-cpu.yaml"
+PENDING = "0/1 nodes are available: 1 Insufficient cpu."
+
+
+class RunnerKube:
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def get(self, kind, namespace, name):
+        self.calls.append(f"get {kind}")
+        return None
+
+    def scale(self, kind, namespace, name, replicas):
+        self.calls.append(f"scale {replicas}")
+
+    def transient(self, exc):
+        return False
+
+
+@pytest.fixture
+def body(request):
+    from pathlib import Path
+
+    root = Path(request.config.rootpath)
+    doc = yaml.safe_load((root / EXAMPLE).read_text())
+    return {"metadata": {"name": "chat", "namespace": "ns", "generation": 1}, "spec": doc["spec"], "status": {}}
+
+
+def control(kube) -> runner.ServiceControl:
+    return runner.ServiceControl("ns", "chat", kube, loop.LoopConfig(interval_s=1.0))
+
+
+def test_a_service_without_pods_is_idle_and_makes_no_api_call(body):
+    kube = RunnerKube()
+    ctl = control(kube)
+    assert asyncio.run(ctl.interval(body, [], (1, 0), "t")) is None
+    assert asyncio.run(ctl.detect(body, [], (1, 0), "t")) is None
+    assert kube.calls == [] and ctl.planned is None
+
+
+def test_the_plan_is_made_once_per_generation(body, monkeypatch):
+    made = []
+    real = planner.plan
+    monkeypatch.setattr(planner, "plan", lambda *a: made.append(1) or real(*a))
+    ctl = control(RunnerKube())
+    pending = [EnginePod("ns", "chat", "chat-1", None, PENDING)]
+    for _ in range(3):
+        asyncio.run(ctl.interval(body, pending, (2, 1), "t"))
+    assert len(made) == 1
+    edited = {**body, "metadata": {**body["metadata"], "generation": 2},
+              "spec": {**body["spec"], "slo": {**body["spec"]["slo"], "itlP99Ms": 300}}}
+    asyncio.run(ctl.interval(edited, pending, (2, 1), "t"))
+    assert len(made) == 2 and ctl.state.generation == 2
+
+
+def test_a_replica_no_node_has_room_for_is_reported_pending_not_capacity(body):
+    ctl = control(RunnerKube())
+    pods = [EnginePod("ns", "chat", "chat-0", None, None), EnginePod("ns", "chat", "chat-1", None, PENDING)]
+    outcome = asyncio.run(ctl.interval(body, pods, (2, 1), "2026-01-01T00:00:00Z"))
+    assert outcome.status["replicasPending"] == 1
+    cond = next(c for c in outcome.status["conditions"] if c["type"] == "Schedulable")
+    assert cond["status"] == "False" and cond["reason"] == "Unschedulable" and PENDING in cond["message"]
+    assert "1 of 2 replicas pending, counted as no capacity" in cond["message"]
+
+
+def test_a_scale_up_is_held_while_replicas_wait_for_a_node(service, make_window):
+    spec, plan, model = service
+    rps = 3 * model.replica_rps(0.9)
+
+    def second_step(unschedulable):
+        st = loop.ServiceLoop(1, model)
+        loop.decide_step(make_window(rps=rps, pods=2, end=15.0), spec, plan, st, 2, 1, 15.0, "t")
+        return loop.decide_step(make_window(rps=rps, queue=30.0, growth=2.0, ttft=4.0, pods=2, end=30.0), spec,
+                                plan, st, 2, 1, 30.0, "t", unschedulable=unschedulable)
+    assert second_step(()).scale.desired > 2                    # with room, the load scales up
+    held = second_step((PENDING,))
+    assert held.scale.desired == 2 and held.scale.reason == "Unschedulable" and PENDING in held.scale.message
+    assert held.pending == 1 and held.decisions == []

@@ -1,4 +1,5 @@
-"""`specfleet engine ...`: generate offline from a model, serve it over HTTP (`serve`), build the CPU kernel."""
+"""`specfleet engine ...`: generate offline from a model, serve it over HTTP (`serve`), build the CPU kernel,
+measure its cost profile (`profile`)."""
 from __future__ import annotations
 
 import time
@@ -137,3 +138,59 @@ def serve(
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     run_server(config, host, port, admin_token_file, drain_timeout, log_level, limits, api_keys)
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{flag} takes comma-separated integers, got {text!r}") from exc
+    if not values or any(v < 1 for v in values):
+        raise typer.BadParameter(f"{flag} takes positive integers, got {text!r}")
+    return values
+
+
+@app.command()
+def profile(
+    model: str = typer.Option(..., help="Model folder or built-in model name."),
+    output: str = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
+    max_batch: int = typer.Option(32, help="Largest batch measured (powers of two up to it)."),
+    max_k: int = typer.Option(4, help="Deepest verification measured (q = k + 1 for k = 1..max_k)."),
+    contexts: str = typer.Option("128,512,1024", help="Context lengths, comma-separated."),
+    chunks: str = typer.Option("64,256,512", help="Prefill chunk sizes, comma-separated."),
+    prompts: Optional[str] = typer.Option(None, help="Prompt file, one per line (default: built-in "
+                                                      "copy-heavy and open-ended sets)."),
+    repeats: int = typer.Option(5, help="Timed repeats per point (the median is kept)."),
+    warmup: int = typer.Option(2, help="Untimed steps before each point."),
+    max_tokens: int = typer.Option(64, help="Tokens generated per prompt when measuring acceptance."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's); profile with the "
+                                                      "threads the served engine uses."),
+) -> None:
+    """Measure the engine's step time T(batch, context, q) and n-gram acceptance; write a profile JSON."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from specfleet.engine import profile_model, profiler
+
+    if max_batch < 1 or max_k < 1 or repeats < 1 or warmup < 0 or max_tokens < 1:
+        raise typer.BadParameter("--max-batch, --max-k, --repeats and --max-tokens must be >= 1, --warmup >= 0")
+    try:
+        spec = profiler.ProfileSpec(
+            model=model, batches=profiler.powers_of_two(max_batch), contexts=_int_list(contexts, "--contexts"),
+            max_k=max_k, chunks=_int_list(chunks, "--chunks"), warmup=warmup, repeats=repeats,
+            prompts=profiler.read_prompts(prompts) if prompts else None, max_tokens=max_tokens,
+            device=device, dtype=dtype, threads=threads)
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(f"profiling {model}", total=profiler.num_units(spec))
+        try:
+            result = profiler.run_profile(
+                spec, on_progress=lambda what: progress.update(task, advance=1, description=what))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    profile_model.save(result, output)
+    fits = ", ".join(f"{kind} ±{fit.rel_rms_error:.1%}" for kind, fit in result.fit.items())
+    typer.echo(f"wrote {output}: {len(result.points)} points; fit error (relative RMS) {fits}")

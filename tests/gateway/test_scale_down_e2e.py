@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specfleet.operator.control.scale_down import DELETION_COST
 from testkit import BIN, specfleet_up, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,3 +112,9 @@ def test_scaling_three_to_one_under_streaming_load_fails_and_cuts_nothing(tmp_pa
         assert in_flight >= 1                  # the scale-down happened under load, not between requests
         assert load.succeeded == load.sent and load.sent >= 18
         assert ready() == 1
+        # The operator chose the pods that went (pod-deletion-cost, set before it lowered the Deployment)
+        # and the ReplicaSet honoured it: the one pod left is the one it marked to stay.
+        survivor = json.loads(kubectl("get", "pods", "-o", "json"))["items"][0]
+        assert (survivor["metadata"].get("annotations") or {}).get(DELETION_COST) == "1"
+        events = json.loads(kubectl("get", "events", "-o", "json"))["items"]
+        assert any(e.get("reason") == "PodsChosen" for e in events)

@@ -1,0 +1,114 @@
+"""Engine cost profile: the fit recovers known costs, the JSON round-trips, the CLI measures and refuses bad flags."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from specfleet.cli.main import app
+from specfleet.engine import profile_model
+from specfleet.engine.profile_model import StepPoint, fit_profile, fit_steps
+
+A, B, C = 0.004, 2e-5, 3e-8
+
+
+def synthetic(kind: str, q: int) -> list[StepPoint]:
+    return [StepPoint(kind, batch, ctx, q, A + B * batch * q + C * batch * q * ctx, 0.0, 1)
+            for batch in (1, 2, 4, 8) for ctx in (128, 512, 2048)]
+
+
+def test_fit_recovers_known_costs_exactly_from_synthetic_points():
+    fit = fit_steps(synthetic("decode", 1))
+    assert fit.a == pytest.approx(A, rel=1e-9)
+    assert fit.b == pytest.approx(B, rel=1e-9)
+    assert fit.c == pytest.approx(C, rel=1e-9)
+    assert fit.rel_rms_error < 1e-9
+
+
+def test_fit_per_kind_evaluates_step_time_by_query_length():
+    profile = profile_model.Profile("m", "cpu", "float32", {}, "x", "now",
+                                    synthetic("decode", 1) + synthetic("verify", 3), {})
+    profile.fit = fit_profile(profile.points)
+    assert set(profile.fit) == {"decode", "verify"}
+    assert profile.step_seconds(16, 1000, 1) == pytest.approx(A + B * 16 + C * 16 * 1000, rel=1e-9)
+    assert profile.step_seconds(16, 1000, 3) == pytest.approx(A + B * 48 + C * 48 * 1000, rel=1e-9)
+
+
+def test_fit_reports_its_relative_error_on_noisy_points():
+    points = [StepPoint("decode", p.batch, p.context, 1, p.median_s * (1.1 if i % 2 else 0.9), 0.0, 1)
+              for i, p in enumerate(synthetic("decode", 1))]
+    assert 0.05 < fit_steps(points).rel_rms_error < 0.15
+
+
+def test_fit_needs_three_points():
+    with pytest.raises(ValueError, match="at least 3 points"):
+        fit_steps(synthetic("decode", 1)[:2])
+
+
+def test_profile_round_trips_and_refuses_other_versions(tmp_path):
+    points = synthetic("decode", 1)
+    profile = profile_model.Profile("m", "cpu", "float32", {"cpu": "x", "cores": 2}, "abc", "now", points,
+                                    fit_profile(points), [profile_model.Acceptance("copy-heavy", 2, 10, 4)])
+    path = tmp_path / "p.json"
+    profile_model.save(profile, path)
+    loaded = profile_model.load(path)
+    assert loaded.points == points and loaded.fit == profile.fit and loaded.acceptance == profile.acceptance
+    assert json.loads(path.read_text())["acceptance"][0]["rate"] == 0.4
+    with pytest.raises(ValueError, match="version 2 is not supported"):
+        profile_model.from_json(dict(json.loads(path.read_text()), version=2))
+
+
+def test_profile_model_imports_without_torch(tmp_path):
+    code = "import sys, specfleet.engine.profile_model; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
+
+
+PROFILE_ARGS = ["--max-batch", "2", "--max-k", "1", "--contexts", "16,32", "--chunks", "8,16",
+                "--repeats", "2", "--warmup", "0", "--max-tokens", "6", "--device", "cpu", "--threads", "1"]
+
+
+def test_cli_writes_a_versioned_profile_with_the_measured_grid(tiny_llama, tmp_path):
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(app, ["engine", "profile", "--model", tiny_llama, "-o", str(out), *PROFILE_ARGS])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["version"] == 1 and data["model"] == tiny_llama and data["device"] == "cpu"
+    assert data["dtype"] == "float32" and data["host"]["cores"] >= 1 and data["engine_commit"]
+    grid = {(p["kind"], p["batch"], p["context"], p["q"]) for p in data["points"]}
+    assert grid == ({("decode", b, c, 1) for b in (1, 2) for c in (16, 32)}
+                    | {("verify", b, c, 2) for b in (1, 2) for c in (16, 32)}
+                    | {("prefill", 1, c, n) for n in (8, 16) for c in (16, 32)})
+    assert all(p["repeats"] == 2 and p["median_s"] > 0 and p["spread_s"] >= 0 for p in data["points"])
+    assert set(data["fit"]) == {"decode", "verify", "prefill"}
+    assert {(a["workload"], a["k"]) for a in data["acceptance"]} == {("copy-heavy", 1), ("open-ended", 1)}
+    assert all(0 <= a["accepted_tokens"] <= a["draft_tokens"] for a in data["acceptance"])
+    loaded = profile_model.load(out)
+    assert loaded.step_seconds(2, 32, 1) == pytest.approx(loaded.fit["decode"].seconds(2, 32, 1))
+
+
+def test_cli_measures_acceptance_on_a_prompt_file(tiny_llama, tmp_path):
+    prompts = tmp_path / "mine.txt"
+    prompts.write_text("copy this: a b c a b c a b c\n\nand this: x y x y x y\n")
+    out = tmp_path / "profile.json"
+    args = ["engine", "profile", "--model", tiny_llama, "-o", str(out), "--prompts", str(prompts), *PROFILE_ARGS]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert [a["workload"] for a in json.loads(out.read_text())["acceptance"]] == ["mine"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-batch", "0"], "--max-batch"),
+    (["--contexts", "16,abc"], "comma-separated integers"),
+    (["--chunks", "0"], "positive integers"),
+    (["--threads", "0"], "threads must be >= 1"),
+    (["--contexts", "5000"], "lower --contexts"),
+])
+def test_cli_refuses_bad_flags_with_a_clear_error(tiny_llama, tmp_path, flags, message):
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(app, ["engine", "profile", "--model", tiny_llama, "-o", str(out), "--device", "cpu",
+                                      *flags])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not out.exists()

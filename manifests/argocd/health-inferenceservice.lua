@@ -17,25 +17,22 @@ if obj.status.conditions ~= nil then
     conditions[c.type] = c
   end
 end
-local degraded = conditions["Degraded"]
-if degraded ~= nil and degraded.status == "True" then
-  hs.status = "Degraded"
-  hs.message = (degraded.reason or "Degraded") .. ": " .. (degraded.message or "")
-  return hs
+local function degraded(prefix, c)
+  return {status = "Degraded", message = prefix .. (c.message or "")}
+end
+local failed = conditions["Degraded"]
+if failed ~= nil and failed.status == "True" then
+  return degraded((failed.reason or "Degraded") .. ": ", failed)
 end
 local atRisk = conditions["SLOAtRisk"]
 if atRisk ~= nil and atRisk.status == "True" then
-  hs.status = "Degraded"
-  hs.message = "SLO error budget burning fast: " .. (atRisk.message or "")
-  return hs
+  return degraded("SLO error budget burning fast: ", atRisk)
 end
 local ready = conditions["Ready"]
 if ready ~= nil and ready.status == "True" then
   local slo = conditions["SLOMet"]
   if slo ~= nil and slo.status == "False" then
-    hs.status = "Degraded"
-    hs.message = "SLO missed: " .. (slo.message or "")
-    return hs
+    return degraded("SLO missed: ", slo)
   end
   hs.status = "Healthy"
   hs.message = ready.message or "Ready"

@@ -95,6 +95,8 @@ def serve(
     speculative_method: Optional[str] = typer.Option(None, help="ngram or draft (default: no speculation)."),
     draft_model: Optional[str] = typer.Option(None, help="Draft model folder for --speculative-method draft."),
     num_speculative_tokens: int = typer.Option(0, help="Speculation depth k (0: the engine default)."),
+    max_speculative_tokens: int = typer.Option(
+        0, help="Deepest k the admin API may switch to live (0: --num-speculative-tokens)."),
     speculation_enabled: str = typer.Option("true", help="true or false: speculation on at start-up."),
     admin_token_file: Optional[str] = typer.Option(
         None, help="File with the admin API bearer token (without it the admin API is off)."),
@@ -130,6 +132,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching, speculative_method=speculative_method,
             draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
+            max_speculative_tokens=max_speculative_tokens,
             speculation_enabled=_parse_bool(speculation_enabled, "--speculation-enabled"),
             max_waiting_requests=max_waiting_requests, ttft_deadline_ms=ttft_deadline_ms, itl_target_ms=itl_target_ms,
             dtype=dtype, device=device, seed=seed)

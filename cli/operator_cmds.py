@@ -51,7 +51,7 @@ def plan_cmd(file: Path = typer.Option(..., "--file", "-f", exists=True, dir_oka
             failed = True
             continue
         spec = model_folder.with_folder_architecture(spec, catalogs.models())
-        result = planner.plan(spec, catalogs.gpus(), catalogs.models())
+        result = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
         failed |= isinstance(result, planner.Infeasible)
         if output == "yaml":
             typer.echo(yaml.safe_dump(_as_yaml(name, doc, spec, result, render, status), sort_keys=False))
@@ -69,7 +69,8 @@ def _as_yaml(name, doc, spec, result, render, status) -> dict:
     namespace = doc.get("metadata", {}).get("namespace", "default")
     deployment = render.render(name, namespace, spec, result)[0]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    return {"name": name, "plan": status.plan_dict(result), "replicas": result.replicas,
+    return {"name": name, "plan": status.plan_dict(result), "calibration": status.calibration_dict(result.calibration),
+            "replicas": result.replicas,
             "warnings": list(result.warnings), "command": container["command"] + container["args"]}
 
 
@@ -100,12 +101,23 @@ def _print_table(name, spec, result) -> None:
             ("predicted TTFT p99", f"{pr.ttft_p99_ms:g} ms (target {spec.slo.ttft_p99_ms:g})"),
             ("predicted ITL p99", f"{pr.itl_p99_ms:g} ms (target {spec.slo.itl_p99_ms:g})"),
             ("tokens/s per replica", f"{pr.tokens_per_second_per_replica:g}"),
-            ("replicas", str(result.replicas))]
+            ("replicas", str(result.replicas)),
+            ("step costs", _cost_source(result.calibration))]
+    if result.calibration.reason and result.calibration.source != "roofline":
+        rows.append(("step cost note", result.calibration.reason))
     for row in rows:
         table.add_row(*row)
     console.print(table)
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+def _cost_source(source) -> str:
+    """`profile smollm2-135m--cpu, fit error 4.1%` or `roofline (no profile for ...)`."""
+    if source.source == "roofline":
+        return f"roofline ({source.reason})" if source.reason else "roofline"
+    error = "" if source.fit_error is None else f", fit error {source.fit_error:.1%}"
+    return f"{source.source} {source.profile or ''}{error}".replace("  ", " ")
 
 
 def simulate_cmd(scenario: Optional[str] = typer.Option(None, "--scenario", "-s",

@@ -154,7 +154,7 @@ def check_service(doc: dict) -> None:
         raise FleetError(f"invalid {KIND} {name}: {exc}")
     check_model(name, spec.model.source)
     spec = model_folder.with_folder_architecture(spec, catalogs.models())   # as the operator plans it
-    result = planner.plan(spec, catalogs.gpus(), catalogs.models())
+    result = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
     if isinstance(result, planner.Infeasible):
         raise FleetError(f"{KIND} {name} is infeasible ({result.reason}): {result.message}")
 

@@ -45,6 +45,7 @@ class EngineConfig:
     speculative_method: SpeculativeMethod | None = None
     draft_model: str | None = None
     num_speculative_tokens: int = 0
+    max_speculative_tokens: int = 0     # the live switch's ceiling on k (0: num_speculative_tokens)
     speculation_enabled: bool = True
     ngram_min: int = 2
     ngram_max: int = 4
@@ -72,6 +73,9 @@ class EngineConfig:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
         if self.speculative_method and self.num_speculative_tokens == 0:
             self.num_speculative_tokens = 4
+        if self.max_speculative_tokens and self.max_speculative_tokens < self.num_speculative_tokens:
+            raise ValueError(f"max_speculative_tokens ({self.max_speculative_tokens}) must be >= "
+                             f"num_speculative_tokens ({self.num_speculative_tokens})")
 
     def _check_positive(self, *names: str) -> None:
         for name in names:

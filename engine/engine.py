@@ -78,7 +78,8 @@ class LLMEngine:
         self.stats = EngineStats()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.detokenize_every_step = False       # the server streams text; offline needs it at the end
-        self.speculation = SpeculationControl(config.speculative_method, config.num_speculative_tokens,
+        self.speculation = SpeculationControl(config.speculative_method,
+                                              max(config.max_speculative_tokens, config.num_speculative_tokens),
                                               config.speculation_enabled, config.num_speculative_tokens)
         self.speculator = self._build_speculator(num_blocks) if config.speculative_method else None
         self._speculating = False

@@ -1,12 +1,15 @@
 """Capacity sizing, shared by the planner and the control loop: what one replica carries at the SLO.
 
-`ServiceModel` bundles a service's model shape, calibration, SLO and plan limits and answers the
+`ServiceModel` bundles a service's model shape, step cost, SLO and plan limits and answers the
 sizing questions (the batch that holds the ITL target, requests/s per replica at a utilization,
 goodput-optimal k, maxBatchForSpeculation); `service_model` builds it from a spec and its plan's
 limits; `model_shape` turns a catalog architecture into the performance model's shape; `free_k` is
 the search for the deepest speculation depth that costs no replicas at a load; `replicas_for` counts
-replicas for a load. Pure: it imports only the performance model and the spec's types, so the planner
-(above it) and the controllers (above it) both use it and neither imports the other.
+replicas for a load. Every step time comes from the model's `cost`: its measured profile when the plan
+found one for the service's (model, accelerator), else the roofline over `cal`
+(`specfleet.operator.step_cost`). Pure: it imports only the performance model, the step costs and the
+spec's types, so the planner (above it) and the controllers (above it) both use it and neither
+imports the other.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Protocol
 
 from specfleet.operator import perfmodel as pm
 from specfleet.operator.api import Architecture
+from specfleet.operator.step_cost import CostSource, ProfileCost
 
 TARGET_UTILIZATION = 0.9    # share of the SLO batch and of the prefill rate a replica is sized to use
 
@@ -44,9 +48,15 @@ class ServiceModel:
     max_k: int
     min_acceptance: float
     draft: pm.DraftTime = pm.no_draft_cost
+    profile: ProfileCost | None = None          # the measured cost; None: the roofline over `cal`
+    calibration: CostSource = CostSource()      # where `cost` comes from and how well it fits
+
+    @property
+    def cost(self) -> pm.StepCost:
+        return self.profile if self.profile is not None else pm.Roofline(self.shape, self.cal)
 
     def step(self, batch: float, k: int = 0) -> float:
-        return pm.spec_step_time(self.shape, self.cal, max(1, round(batch)), self.ctx, k, self.draft)
+        return pm.spec_step_time_of(self.cost, max(1, round(batch)), self.ctx, k, self.draft)
 
     def token_time(self, batch: float, alpha: float, k: int) -> float:
         """Mean time between output tokens of one sequence at `batch` (what the ITL histogram sees)."""
@@ -104,10 +114,10 @@ class ServiceModel:
         return max(self.chunk - max(1, round(batch)) * (k + 1), 1)
 
     def mixed_step(self, batch: float) -> float:
-        return pm.mixed_step_time(self.shape, self.cal, max(1, round(batch)), self.ctx, self.chunk)
+        return self.cost.mixed(max(1, round(batch)), self.ctx, self.chunk)
 
     def best_k(self, batch: float, alpha: float) -> int:
-        return pm.best_k(self.shape, self.cal, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft)
+        return pm.best_k_of(self.cost, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft)
 
     def max_batch_for_speculation(self, alpha: float) -> int:
         return _mbs(self, round(alpha, 3))
@@ -115,12 +125,12 @@ class ServiceModel:
 
 @lru_cache(maxsize=4096)
 def _slo_batch(m: ServiceModel, alpha: float, k: int) -> int:
-    mixed_ok = pm.mixed_step_time(m.shape, m.cal, 1, m.ctx, m.chunk) <= m.itl_s
+    mixed_ok = m.mixed_step(1) <= m.itl_s
 
     def fits(b: int) -> bool:
         # When the token budget alone breaks the ITL target (a plan sized for a faster calibration),
         # no batch fixes that: size by plain decode steps instead of collapsing to one sequence.
-        mixed = pm.mixed_step_time(m.shape, m.cal, b, m.ctx, m.chunk) if k == 0 and mixed_ok else m.step(b, k)
+        mixed = m.mixed_step(b) if k == 0 and mixed_ok else m.step(b, k)
         return mixed / pm.expected_tokens(alpha, k) <= m.itl_s
     if not fits(1):
         return 1
@@ -154,7 +164,7 @@ def _replica_rps(m: ServiceModel, utilization: float, alpha: float, k: int, outp
 
 @lru_cache(maxsize=1024)
 def _mbs(m: ServiceModel, alpha: float) -> int:
-    return pm.max_batch_for_speculation(m.shape, m.cal, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft)
+    return pm.max_batch_for_speculation_of(m.cost, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft)
 
 
 def alpha_from_acceptance(rate: float, k: int) -> float:
@@ -178,7 +188,8 @@ def alpha_from_acceptance(rate: float, k: int) -> float:
 
 
 def service_model(spec, plan, gpus, models) -> ServiceModel | None:
-    """The ServiceModel of a planned InferenceService (None when its model or GPU is unknown)."""
+    """The ServiceModel of a planned InferenceService (None when its model or GPU is unknown), on the
+    step cost its plan was sized with (`plan.profile`, else the roofline)."""
     gpu, arch = gpus.get(plan.accelerator), models.lookup(spec.model)
     if gpu is None or arch is None:
         return None
@@ -194,7 +205,8 @@ def service_model(spec, plan, gpus, models) -> ServiceModel | None:
                         max_num_seqs=_engine_arg(spec, "--max-num-seqs", plan.max_num_seqs),
                         chunk=_engine_arg(spec, "--max-num-batched-tokens", plan.max_num_batched_tokens),
                         max_k=sp.max_speculative_tokens if sp.mode != "off" else 0,
-                        min_acceptance=sp.min_acceptance_rate, draft=draft)
+                        min_acceptance=sp.min_acceptance_rate, draft=draft,
+                        profile=plan.profile, calibration=plan.calibration)
 
 
 def _engine_arg(spec, flag: str, planned: int) -> int:

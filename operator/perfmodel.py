@@ -12,14 +12,20 @@ Units: bytes, seconds, FLOP/s; token counts are ints.
     E[tokens|a, k] = (1 - a^(k+1)) / (1 - a)
     goodput(k, B)  = B . E / (T(B, ctx, k+1) + k . T_draft(B))
 
-`Calibration` (BW_eff, FLOPS_eff, t_fixed) is the only thing an online fit changes; `fit_calibration`
-fits it from observed step times.
+`Calibration` (BW_eff, FLOPS_eff, t_fixed) is the only thing an online fit of the roofline changes;
+`fit_calibration` fits it from observed step times.
+
+The sizing questions (goodput, k*, maxBatchForSpeculation, the ITL batch, the token budget, prefill
+time) are asked of a `StepCost`: anything that gives the time of a decode/verify step and of a
+mixed (chunked-prefill) step. `Roofline` is the formula above; a measured engine profile is the
+other one (`specfleet.operator.step_cost`). The `(model, cal, ...)` functions are the roofline's
+shorthand for the `*_of(cost, ...)` ones.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 GiB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8": 1, "int8": 1}
@@ -107,6 +113,30 @@ def mixed_step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, t
     return max(memory, compute) + cal.t_fixed
 
 
+class StepCost(Protocol):
+    """Seconds of one engine step of a replica."""
+
+    def step(self, batch: int, ctx: int, q: int = 1) -> float:
+        """`batch` sequences at context `ctx`, `q` tokens each (q = 1 decode, q = k + 1 verify)."""
+
+    def mixed(self, batch: int, ctx: int, tokens: int) -> float:
+        """`batch` decodes at `ctx` plus prefill, `tokens` in all (a chunked-prefill step)."""
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The roofline `StepCost` of a model on a calibrated replica."""
+
+    shape: ModelShape
+    cal: Calibration
+
+    def step(self, batch: int, ctx: int, q: int = 1) -> float:
+        return step_time(self.shape, self.cal, batch, ctx, q)
+
+    def mixed(self, batch: int, ctx: int, tokens: int) -> float:
+        return mixed_step_time(self.shape, self.cal, batch, ctx, tokens)
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """E[tokens per step] with acceptance `alpha` and depth `k` (k = 0: exactly one token)."""
     if k <= 0:
@@ -132,32 +162,47 @@ def draft_time_fn(draft: ModelShape, cal: Calibration, ctx: int) -> DraftTime:
 def spec_step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, k: int,
                    draft: DraftTime = no_draft_cost) -> float:
     """Wall time of one speculative step: k draft tokens, then one verify pass of k+1 tokens."""
-    return step_time(model, cal, batch, ctx, k + 1) + k * draft(batch)
+    return spec_step_time_of(Roofline(model, cal), batch, ctx, k, draft)
+
+
+def spec_step_time_of(cost: StepCost, batch: int, ctx: int, k: int, draft: DraftTime = no_draft_cost) -> float:
+    return cost.step(batch, ctx, k + 1) + k * draft(batch)
 
 
 def goodput(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: float, k: int,
             draft: DraftTime = no_draft_cost) -> float:
     """Accepted tokens per second of a replica at batch `batch` (k = 0: speculation off)."""
-    return batch * expected_tokens(alpha, k) / spec_step_time(model, cal, batch, ctx, k, draft)
+    return goodput_of(Roofline(model, cal), batch, ctx, alpha, k, draft)
+
+
+def goodput_of(cost: StepCost, batch: int, ctx: int, alpha: float, k: int, draft: DraftTime = no_draft_cost) -> float:
+    return batch * expected_tokens(alpha, k) / spec_step_time_of(cost, batch, ctx, k, draft)
 
 
 def best_k(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: float, max_k: int,
            draft: DraftTime = no_draft_cost) -> int:
     """k* maximising goodput at `batch`; 0 when speculation does not pay."""
-    rates = [goodput(model, cal, batch, ctx, alpha, k, draft) for k in range(max_k + 1)]
+    return best_k_of(Roofline(model, cal), batch, ctx, alpha, max_k, draft)
+
+
+def best_k_of(cost: StepCost, batch: int, ctx: int, alpha: float, max_k: int, draft: DraftTime = no_draft_cost) -> int:
+    rates = [goodput_of(cost, batch, ctx, alpha, k, draft) for k in range(max_k + 1)]
     best = max(range(len(rates)), key=lambda k: (rates[k], -k))
     return best if rates[best] > rates[0] * (1 + 1e-9) else 0
 
 
 def max_batch_for_speculation(model: ModelShape, cal: Calibration, ctx: int, alpha: float,
                               max_k: int, limit: int = 4096, draft: DraftTime = no_draft_cost) -> int:
-    """Largest batch at which k* > 0 (0 when speculation never pays), searched up to `limit`.
+    """Largest batch at which k* > 0 (0 when speculation never pays), searched up to `limit`."""
+    return max_batch_for_speculation_of(Roofline(model, cal), ctx, alpha, max_k, limit, draft)
 
-    The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound),
-    so the crossover is found by doubling then bisection.
-    """
+
+def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: int, limit: int = 4096,
+                                 draft: DraftTime = no_draft_cost) -> int:
+    """The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound),
+    so the crossover is found by doubling then bisection."""
     def pays(b: int) -> bool:
-        return best_k(model, cal, b, ctx, alpha, max_k, draft) > 0
+        return best_k_of(cost, b, ctx, alpha, max_k, draft) > 0
 
     if max_k <= 0 or not pays(1):
         return 0
@@ -167,6 +212,25 @@ def max_batch_for_speculation(model: ModelShape, cal: Calibration, ctx: int, alp
     if hi > limit:
         return limit if pays(limit) else _bisect(pays, lo, limit)
     return _bisect(pays, lo, hi)
+
+
+def break_even_batch(cost: StepCost, ctx: int, alpha: float, k: int, limit: float = 4096.0,
+                     draft: DraftTime = no_draft_cost) -> float:
+    """The (fractional) batch at which speculating at a fixed depth k stops beating not speculating:
+    0 when it never pays, `limit` when it still pays there. What a benchmark's measured crossover is
+    compared with."""
+    def pays(b: float) -> bool:
+        return goodput_of(cost, b, ctx, alpha, k, draft) > goodput_of(cost, b, ctx, alpha, 0, draft)
+
+    if k <= 0 or not pays(1.0):
+        return 0.0
+    if pays(limit):
+        return limit
+    lo, hi = 1.0, limit
+    while hi - lo > 1e-3:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if pays(mid) else (lo, mid)
+    return lo
 
 
 def _bisect(pays: Callable[[int], bool], lo: int, hi: int) -> int:
@@ -180,18 +244,27 @@ def _bisect(pays: Callable[[int], bool], lo: int, hi: int) -> int:
 def max_num_seqs(model: ModelShape, cal: Calibration, ctx: int, itl_s: float, pool_bytes: float,
                  limit: int = 1024) -> int:
     """Largest B with T(B, ctx, 1) <= ITL and B.ctx.kv_per_token within the pool (0: none)."""
-    by_memory = int(max(pool_bytes, 0) // (ctx * kv_bytes_per_token(model)))
+    return max_num_seqs_of(Roofline(model, cal), kv_bytes_per_token(model), ctx, itl_s, pool_bytes, limit)
+
+
+def max_num_seqs_of(cost: StepCost, kv_per_token: int, ctx: int, itl_s: float, pool_bytes: float,
+                    limit: int = 1024) -> int:
+    by_memory = int(max(pool_bytes, 0) // (ctx * kv_per_token))
     cap = min(by_memory, limit)
-    if cap < 1 or step_time(model, cal, 1, ctx) > itl_s:
+    if cap < 1 or cost.step(1, ctx) > itl_s:
         return 0
-    fits = lambda b: step_time(model, cal, b, ctx) <= itl_s  # noqa: E731
+    fits = lambda b: cost.step(b, ctx) <= itl_s  # noqa: E731
     return cap if fits(cap) else _bisect(fits, 1, cap)
 
 
 def prefill_time(model: ModelShape, cal: Calibration, prompt: int, chunk: int, batch: int, ctx: int) -> float:
     """Time to prefill `prompt` tokens in chunks of `chunk` tokens, each step also decoding `batch`."""
+    return prefill_time_of(Roofline(model, cal), prompt, chunk, batch, ctx)
+
+
+def prefill_time_of(cost: StepCost, prompt: int, chunk: int, batch: int, ctx: int) -> float:
     room = max(chunk - batch, 1)
-    return math.ceil(prompt / room) * mixed_step_time(model, cal, batch, ctx, chunk)
+    return math.ceil(prompt / room) * cost.mixed(batch, ctx, chunk)
 
 
 def token_budget(model: ModelShape, cal: Calibration, batch: int, ctx: int, prompt: int,
@@ -200,13 +273,18 @@ def token_budget(model: ModelShape, cal: Calibration, batch: int, ctx: int, prom
 
     Returns 0 when no chunk keeps the ITL target, or when even the largest one misses the TTFT target.
     """
+    return token_budget_of(Roofline(model, cal), batch, ctx, prompt, itl_s, ttft_s, limit)
+
+
+def token_budget_of(cost: StepCost, batch: int, ctx: int, prompt: int, itl_s: float, ttft_s: float,
+                    limit: int = 16384) -> int:
     floor = _round_up(batch + 16, 16)
-    if mixed_step_time(model, cal, batch, ctx, floor) > itl_s:
+    if cost.mixed(batch, ctx, floor) > itl_s:
         return 0
-    fits = lambda c: mixed_step_time(model, cal, batch, ctx, c * 16) <= itl_s  # noqa: E731
+    fits = lambda c: cost.mixed(batch, ctx, c * 16) <= itl_s  # noqa: E731
     top = limit // 16
     chunk = 16 * (top if fits(top) else _bisect(fits, floor // 16, top))
-    return chunk if prefill_time(model, cal, prompt, chunk, batch, ctx) <= ttft_s else 0
+    return chunk if prefill_time_of(cost, prompt, chunk, batch, ctx) <= ttft_s else 0
 
 
 def _round_up(x: int, m: int) -> int:

@@ -6,6 +6,10 @@ keeps mixed steps within the ITL target while the prompt still prefills within t
 speculation depth that maximises goodput at the expected batch. It keeps the size with the best
 throughput per GPU. When no size meets the SLO it says why, with the closest numbers that would work.
 
+Step times come from the measured profile of the service's (model, accelerator) when the profile
+catalogue passed in has a usable one, else from the roofline over the GPU catalogue's calibration
+(`step_cost`); the plan records which (`Plan.calibration`).
+
 Planning assumes the declared `minAcceptanceRate` as the acceptance rate (the controller turns
 speculation off below it, so it is the worst acceptance the plan will ever run with), and sizes decode
 steps at the end-of-request context `promptTokens + outputTokens`.
@@ -20,6 +24,8 @@ from specfleet.operator import perfmodel as pm
 from specfleet.operator.api import Architecture, InferenceServiceSpec
 from specfleet.operator.capacity import model_shape
 from specfleet.operator.catalogs import Gpu, GpuCatalog, ModelCatalog
+from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, ProfileCatalog
+from specfleet.operator.step_cost import CostSource, ProfileCost, planned_source
 
 BLOCK_SIZE = 16
 GPU_MEMORY_UTILIZATION = 0.90
@@ -59,6 +65,8 @@ class Plan:
     weights_bytes: float
     kv_bytes_per_token: int
     warnings: tuple[str, ...] = ()     # an SLO or load the plan cannot fully honour
+    profile: ProfileCost | None = None  # the measured step cost it was sized with (None: the roofline)
+    calibration: CostSource = CostSource()
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class _Sizing:
 
     shape: pm.ModelShape
     cal: pm.Calibration
+    cost: pm.StepCost
     tp: int
     blocks: int
     batch: int
@@ -90,8 +99,10 @@ class _Sizing:
     ctx: int
 
 
-def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog) -> Plan | Infeasible:
-    """Plan one InferenceService; never raises for a valid spec."""
+def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog,
+         profiles: ProfileCatalog = NO_PROFILES) -> Plan | Infeasible:
+    """Plan one InferenceService; never raises for a valid spec. `profiles`: measured step costs by
+    (model, accelerator); without one the roofline sizes it."""
     gpu = gpus.get(spec.accelerator.type)
     if gpu is None:
         return Infeasible("UnknownAccelerator", f"accelerator {spec.accelerator.type!r} is not in the GPU "
@@ -103,12 +114,22 @@ def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog) -> 
     if isinstance(draft, Infeasible):
         return draft
     shape = model_shape(arch, spec.model.dtype)
-    results = [_size(spec, shape, gpu, tp) for tp in tp_candidates(spec, arch, gpu)]
+    profile, source = _profile(spec, profiles)
+    results = [_size(spec, shape, gpu, tp, profile) for tp in tp_candidates(spec, arch, gpu)]
     sized = [r for r in results if isinstance(r, _Sizing)]
     if not sized:
         return results[-1] if results else _no_tp(spec, arch, gpu)
     best = max(sized, key=lambda s: (_throughput(s) / s.tp, -s.tp))
-    return _sized_like_the_autoscaler(spec, _finish(spec, gpu, best, draft), gpus, models)
+    finished = replace(_finish(spec, gpu, best, draft), profile=profile, calibration=source)
+    return _sized_like_the_autoscaler(spec, finished, gpus, models)
+
+
+def _profile(spec: InferenceServiceSpec, profiles: ProfileCatalog) -> tuple[ProfileCost | None, CostSource]:
+    """The measured cost of the service's (model, accelerator), if usable, and the source it makes."""
+    entry = profiles.lookup(spec.model, spec.accelerator.type)
+    if entry is None:
+        return None, planned_source(None)
+    return entry.cost, planned_source(entry.cost, entry.error)
 
 
 def _unknown_model(source: str) -> str:
@@ -138,29 +159,31 @@ def _no_tp(spec: InferenceServiceSpec, arch: Architecture, gpu: Gpu) -> Infeasib
                       f"no GPU count up to {gpu.max_per_node}")
 
 
-def _size(spec: InferenceServiceSpec, shape: pm.ModelShape, gpu: Gpu, tp: int) -> _Sizing | Infeasible:
+def _size(spec: InferenceServiceSpec, shape: pm.ModelShape, gpu: Gpu, tp: int,
+          profile: ProfileCost | None = None) -> _Sizing | Infeasible:
     slo, kv = spec.slo, pm.kv_bytes_per_token(shape)
     pool = pm.kv_pool_bytes(shape, gpu.memory_bytes, GPU_MEMORY_UTILIZATION, tp)
     blocks = pm.kv_blocks(pool, BLOCK_SIZE, kv)
     if blocks * BLOCK_SIZE < slo.max_context_tokens:
         return _memory_infeasible(spec, shape, gpu, tp, blocks)
     cal, ctx = gpu.calibration(tp), min(slo.prompt_tokens + slo.output_tokens, slo.max_context_tokens)
+    cost = profile if profile is not None else pm.Roofline(shape, cal)
     itl, ttft = slo.itl_p99_ms / 1000, slo.ttft_p99_ms / 1000
-    batch = pm.max_num_seqs(shape, cal, ctx, itl, blocks * BLOCK_SIZE * kv, limit=BATCH_LIMIT)
+    batch = pm.max_num_seqs_of(cost, kv, ctx, itl, blocks * BLOCK_SIZE * kv, limit=BATCH_LIMIT)
     if batch == 0:
-        floor = pm.step_time(shape, cal, 1, ctx) * 1000
+        floor = cost.step(1, ctx) * 1000
         return Infeasible("ITLUnreachable", f"one sequence's decode step takes {floor:.1f} ms on {tp}x "
                           f"{gpu.name}, above the {slo.itl_p99_ms:g} ms ITL target", {"itlP99Ms": _up(floor)})
-    chunked = _largest_batch_with_chunk(shape, cal, batch, ctx, slo.prompt_tokens, itl, ttft)
+    chunked = _largest_batch_with_chunk(cost, batch, ctx, slo.prompt_tokens, itl, ttft)
     if chunked is None:
-        return _ttft_infeasible(spec, shape, cal, gpu, tp, ctx)
-    return _Sizing(shape, cal, tp, blocks, chunked[0], chunked[1], ctx)
+        return _ttft_infeasible(spec, cost, gpu, tp, ctx)
+    return _Sizing(shape, cal, cost, tp, blocks, chunked[0], chunked[1], ctx)
 
 
-def _largest_batch_with_chunk(shape, cal, batch, ctx, prompt, itl, ttft) -> tuple[int, int] | None:
+def _largest_batch_with_chunk(cost, batch, ctx, prompt, itl, ttft) -> tuple[int, int] | None:
     """Largest batch <= `batch` leaving room for a prefill chunk that meets both targets."""
     def budget(b: int) -> int:
-        return pm.token_budget(shape, cal, b, ctx, prompt, itl, ttft)
+        return pm.token_budget_of(cost, b, ctx, prompt, itl, ttft)
 
     if budget(1) == 0:
         return None
@@ -181,14 +204,14 @@ def _memory_infeasible(spec, shape, gpu, tp, blocks) -> Infeasible:
                       f"{gpu.name}, fewer than maxContextTokens {spec.slo.max_context_tokens}", closest)
 
 
-def _ttft_infeasible(spec, shape, cal, gpu, tp, ctx) -> Infeasible:
+def _ttft_infeasible(spec, cost, gpu, tp, ctx) -> Infeasible:
     slo = spec.slo
-    chunk = pm.token_budget(shape, cal, 1, ctx, slo.prompt_tokens, slo.itl_p99_ms / 1000, math.inf)
+    chunk = pm.token_budget_of(cost, 1, ctx, slo.prompt_tokens, slo.itl_p99_ms / 1000, math.inf)
     if chunk == 0:
-        step = pm.mixed_step_time(shape, cal, 1, ctx, 32) * 1000
+        step = cost.mixed(1, ctx, 32) * 1000
         return Infeasible("ITLUnreachable", f"a decode step carrying a prefill chunk takes {step:.1f} ms on "
                           f"{tp}x {gpu.name}, above the {slo.itl_p99_ms:g} ms ITL target", {"itlP99Ms": _up(step)})
-    best = pm.prefill_time(shape, cal, slo.prompt_tokens, chunk, 1, ctx) * 1000
+    best = pm.prefill_time_of(cost, slo.prompt_tokens, chunk, 1, ctx) * 1000
     return Infeasible("TTFTUnreachable", f"prefilling {slo.prompt_tokens} prompt tokens takes at least "
                       f"{best:.0f} ms on {tp}x {gpu.name} within the ITL target, above the "
                       f"{slo.ttft_p99_ms:g} ms TTFT target", {"ttftP99Ms": _up(best)})
@@ -212,26 +235,26 @@ def _draft_time(spec: InferenceServiceSpec, models: ModelCatalog, gpu: Gpu):
 
 
 def _throughput(s: _Sizing) -> float:
-    return s.batch / pm.step_time(s.shape, s.cal, s.batch, s.ctx)
+    return s.batch / s.cost.step(s.batch, s.ctx)
 
 
 def _finish(spec: InferenceServiceSpec, gpu: Gpu, s: _Sizing, draft_shape) -> Plan:
     slo, sp = spec.slo, spec.speculation
     draft = pm.draft_time_fn(draft_shape, s.cal, s.ctx) if draft_shape is not None else pm.no_draft_cost
-    ttft_s = pm.prefill_time(s.shape, s.cal, slo.prompt_tokens, s.chunk, s.batch, s.ctx)
-    itl_s = pm.mixed_step_time(s.shape, s.cal, s.batch, s.ctx, s.chunk)
+    ttft_s = pm.prefill_time_of(s.cost, slo.prompt_tokens, s.chunk, s.batch, s.ctx)
+    itl_s = s.cost.mixed(s.batch, s.ctx, s.chunk)
     replicas, warnings, op_batch = _load(spec, s.batch, ttft_s + slo.output_tokens * itl_s)
-    mbs = pm.max_batch_for_speculation(s.shape, s.cal, s.ctx, sp.min_acceptance_rate, sp.max_speculative_tokens,
-                                       limit=4 * BATCH_LIMIT, draft=draft) if sp.mode != "off" else 0
+    mbs = pm.max_batch_for_speculation_of(s.cost, s.ctx, sp.min_acceptance_rate, sp.max_speculative_tokens,
+                                          limit=4 * BATCH_LIMIT, draft=draft) if sp.mode != "off" else 0
     spec_plan = _speculation(spec, s, op_batch, draft)
     if spec_plan.enabled:
-        spec_step = pm.spec_step_time(s.shape, s.cal, op_batch, s.ctx, spec_plan.k, draft)
+        spec_step = pm.spec_step_time_of(s.cost, op_batch, s.ctx, spec_plan.k, draft)
         itl_s = max(itl_s, spec_step)
         if spec_step * 1000 > slo.itl_p99_ms:
             warnings += (f"speculation forced on: a k={spec_plan.k} step takes {spec_step * 1000:.1f} ms, "
                          f"above the {slo.itl_p99_ms:g} ms ITL target",)
     k_at_max = spec_plan.k if spec_plan.enabled and s.batch <= mbs else 0
-    tps = pm.goodput(s.shape, s.cal, s.batch, s.ctx, sp.min_acceptance_rate, k_at_max, draft)
+    tps = pm.goodput_of(s.cost, s.batch, s.ctx, sp.min_acceptance_rate, k_at_max, draft)
     return Plan(accelerator=gpu.name, gpu_resource=gpu.resource, gpus_per_replica=s.tp, tensor_parallel_size=s.tp,
                 block_size=BLOCK_SIZE, kv_cache_blocks=s.blocks, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
                 max_num_seqs=s.batch, max_num_batched_tokens=s.chunk, speculation=spec_plan,
@@ -290,10 +313,10 @@ def _speculation(spec: InferenceServiceSpec, s: _Sizing, op_batch: int, draft) -
     sp, itl = spec.speculation, spec.slo.itl_p99_ms / 1000
     if sp.mode == "off":
         return SpeculationPlan(False, None, 0)
-    k_at = lambda b: pm.best_k(s.shape, s.cal, b, s.ctx, sp.min_acceptance_rate,  # noqa: E731
-                               sp.max_speculative_tokens, draft)
+    k_at = lambda b: pm.best_k_of(s.cost, b, s.ctx, sp.min_acceptance_rate,  # noqa: E731
+                                  sp.max_speculative_tokens, draft)
     k_op = k_at(op_batch)
     if sp.mode == "on":
         return SpeculationPlan(True, sp.method, max(1, k_op or k_at(1)))
-    fits = k_op > 0 and pm.spec_step_time(s.shape, s.cal, op_batch, s.ctx, k_op, draft) <= itl
+    fits = k_op > 0 and pm.spec_step_time_of(s.cost, op_batch, s.ctx, k_op, draft) <= itl
     return SpeculationPlan(fits, sp.method, k_op if fits else k_at(1))

@@ -181,6 +181,8 @@ def specfleet_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, dr
         args += ["--speculative-method", sp.method]
         args += ["--draft-model", draft.arg] if draft else []
         args += ["--num-speculative-tokens", str(sp.k), "--speculation-enabled", str(sp.enabled).lower()]
+        # the control loop retunes k live up to maxSpeculativeTokens; the engine refuses any deeper k
+        args += ["--max-speculative-tokens", str(max(sp.k, spec.speculation.max_speculative_tokens))]
     return args + ["--admin-token-file", ADMIN_TOKEN_FILE]
 
 

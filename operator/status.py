@@ -2,7 +2,8 @@
 
 Pure: the caller passes the previous conditions and the time, so a condition keeps its
 `lastTransitionTime` until its status actually changes. Condition types are Ready, Progressing,
-Degraded, SLOMet and SpeculationActive (docs/design.md).
+Degraded, SLOMet and SpeculationActive (docs/design.md). `status.calibration` says where the step
+costs come from (`calibration_dict`): the plan's choice at reconcile, the control loop's refinement after.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Iterable, Sequence
 
 from specfleet.operator.api import CONDITION_TYPES, Condition
 from specfleet.operator.planner import Infeasible, Plan
+from specfleet.operator.step_cost import CostSource
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
@@ -27,6 +29,11 @@ def plan_dict(plan: Plan) -> dict:
                           "maxBatchForSpeculation": pr.max_batch_for_speculation}}
 
 
+def calibration_dict(source: CostSource) -> dict:
+    """`status.calibration`: {source: profile|online|roofline, profile, fitError, samples[, reason]}."""
+    return source.as_status()
+
+
 def planned(result: Plan | Infeasible, generation: int, selector: str, previous: Sequence[dict],
             now: str) -> dict:
     """The status patch after planning (and, for a Plan, applying) generation `generation`."""
@@ -38,6 +45,7 @@ def planned(result: Plan | Infeasible, generation: int, selector: str, previous:
     conditions += [c for c in (_slo_pending(result), _speculation(result))
                    if not _controller_owned(_condition(previous, c.type), generation)]
     return {"observedGeneration": generation, "phase": "Progressing", "plan": plan_dict(result),
+            "calibration": calibration_dict(result.calibration),
             "desiredReplicas": result.replicas, "selector": selector,
             "conditions": merge_conditions(previous, conditions, now, generation)}
 

@@ -44,6 +44,23 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.
     return Verdict(accepted, tokens)
 
 
+def verify_greedy(logits: torch.Tensor, drafts: list[list[int]]) -> Verdict:
+    """Greedy targets, deterministic drafts: what `verify` returns for one-hot p and q (accept while the
+    draft equals the argmax, then the argmax), from the logits' argmax alone instead of [n, k+1, V]
+    distributions. logits: the len(draft)+1 rows of each sequence, in order."""
+    best = logits.argmax(-1).tolist()
+    num_accepted, tokens, offset = [], [], 0
+    for draft in drafts:
+        row = best[offset:offset + len(draft) + 1]
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == row[accepted]:
+            accepted += 1
+        num_accepted.append(accepted)
+        tokens.append(draft[:accepted] + [row[accepted]])
+        offset += len(draft) + 1
+    return Verdict(num_accepted, tokens)
+
+
 def _uniform(shape: tuple[int, int], generators: list[torch.Generator | None], device) -> torch.Tensor:
     u = torch.rand(shape, device=device)
     for row, gen in enumerate(generators):

@@ -14,7 +14,7 @@ from specfleet.engine.sampler import SamplingTensors, probabilities
 from specfleet.engine.sequence import Sequence
 from specfleet.engine.speculative.draft import DraftProposer
 from specfleet.engine.speculative.ngram import NgramProposer
-from specfleet.engine.speculative.rejection import Verdict, verify
+from specfleet.engine.speculative.rejection import Verdict, verify, verify_greedy
 from specfleet.engine.stats import EngineStats
 
 COUNTERFACTUAL_K = 4
@@ -61,6 +61,17 @@ class Speculator:
     # ---- after the step -------------------------------------------------------------------
     def verify(self, seqs: list[Sequence], logits: torch.Tensor) -> Verdict:
         """logits: the k_i+1 rows of each sequence, in order."""
+        if all(s.params.temperature == 0 and s.spec_draft_probs is None for s in seqs):
+            verdict = verify_greedy(logits, [s.spec_token_ids for s in seqs])
+        else:
+            verdict = self._verify_sampled(seqs, logits)
+        for seq, accepted in zip(seqs, verdict.num_accepted):
+            self._count(len(seq.spec_token_ids), accepted)
+            self._rollback(seq, accepted)
+            seq.spec_token_ids, seq.spec_draft_probs = [], None
+        return verdict
+
+    def _verify_sampled(self, seqs: list[Sequence], logits: torch.Tensor) -> Verdict:
         k = max(len(s.spec_token_ids) for s in seqs)
         lens = [len(s.spec_token_ids) for s in seqs]
         row_params = [s.params for s in seqs for _ in range(len(s.spec_token_ids) + 1)]
@@ -78,13 +89,7 @@ class Speculator:
                 draft[i, :n] = seq.spec_draft_probs[:n]
             else:
                 draft[i, :n].scatter_(-1, drafts[i, :n, None], 1.0)
-        verdict = verify(target, draft, drafts, torch.tensor(lens, device=logits.device),
-                         [s.generator for s in seqs])
-        for seq, n, accepted in zip(seqs, lens, verdict.num_accepted):
-            self._count(n, accepted)
-            self._rollback(seq, accepted)
-            seq.spec_token_ids, seq.spec_draft_probs = [], None
-        return verdict
+        return verify(target, draft, drafts, torch.tensor(lens, device=logits.device), [s.generator for s in seqs])
 
     def _count(self, drafted: int, accepted: int) -> None:
         s = self.stats

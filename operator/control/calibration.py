@@ -1,8 +1,16 @@
-"""Calibration of a running service: refit the performance model to the engines' step times.
+"""Calibration of a running service: refine its step cost from the engines' step times.
 
-`recalibrate` refits BW_eff / FLOPS_eff / t_fixed from the engines' step-time histograms
-(`Window.steps`), blended with the previous fit and bounded to a sane range of the prior. What a
-replica carries with that calibration is `specfleet.operator.capacity`.
+`recalibrate` takes the engines' step-time histograms (`Window.steps`, one mean step per batch bucket)
+and moves the service model's cost toward them:
+
+- on a measured profile: each step kind's scale (plain, speculative) moves `BLEND` of the way toward
+  observed / predicted, within [1/5, 5] of the profile (`step_cost.refine`);
+- on the roofline: BW_eff / FLOPS_eff / t_fixed are refitted, blended with the previous fit and
+  bounded to a sane range of the prior (`perfmodel.fit_calibration`).
+
+Either way the model's `calibration` then says `online`, the profile it started from (if any), and the
+refined cost's relative RMS error against the steps just observed. What a replica carries with that
+cost is `specfleet.operator.capacity`.
 """
 from __future__ import annotations
 
@@ -10,8 +18,10 @@ import math
 from dataclasses import replace
 
 from specfleet.operator import perfmodel as pm
+from specfleet.operator import step_cost
 from specfleet.operator.capacity import ServiceModel
 from specfleet.operator.control.window import StepStat
+from specfleet.operator.step_cost import CostSource, ObservedStep
 
 MIN_STEPS = 20          # steps per bucket before a bucket counts as evidence
 BLEND = 0.5             # weight of a new fit against the previous calibration
@@ -19,16 +29,45 @@ BOUND = 5.0             # a fit stays within [prior / BOUND, prior x BOUND]
 
 
 def recalibrate(model: ServiceModel, steps: tuple[StepStat, ...], k: int) -> ServiceModel:
-    """The model with its calibration refitted to observed step times (unchanged without evidence)."""
-    samples = [pm.StepSample(max(1, round(s.batch)), model.ctx, _q(s, k), s.seconds)
-               for s in steps if s.steps >= MIN_STEPS and s.seconds > 0]
+    """The model with its cost refined toward observed step times (unchanged without evidence)."""
+    evidence = [s for s in steps if s.steps >= MIN_STEPS and s.seconds > 0]
+    if model.profile is not None:
+        return _refine_profile(model, evidence, k)
+    return _refit_roofline(model, evidence, k)
+
+
+def _refine_profile(model: ServiceModel, evidence: list[StepStat], k: int) -> ServiceModel:
+    observed = [_observed(s, k) for s in evidence]
+    if not observed:
+        return model
+    refined = step_cost.refine(model.profile, observed, model.ctx, BLEND)
+    return replace(model, profile=refined, calibration=_online(model, refined, observed))
+
+
+def _refit_roofline(model: ServiceModel, evidence: list[StepStat], k: int) -> ServiceModel:
+    samples = [pm.StepSample(max(1, round(s.batch)), model.ctx, _q(s, k), s.seconds) for s in evidence]
     if len({s.batch for s in samples}) < 2:
         return model
     fit = pm.fit_calibration(samples, model.shape, model.cal)
     blended = pm.Calibration(bw_eff=_mix(model.cal.bw_eff, fit.bw_eff, model.prior.bw_eff),
                              flops_eff=_mix(model.cal.flops_eff, fit.flops_eff, model.prior.flops_eff),
                              t_fixed=max(0.0, (1 - BLEND) * model.cal.t_fixed + BLEND * fit.t_fixed))
-    return replace(model, cal=blended)
+    refined = replace(model, cal=blended)
+    return replace(refined, calibration=_online(model, refined.cost, [_observed(s, k) for s in evidence]))
+
+
+def _online(model: ServiceModel, cost: pm.StepCost, observed: list[ObservedStep]) -> CostSource:
+    seen = model.calibration.samples if model.calibration.source == step_cost.ONLINE else 0
+    return CostSource(step_cost.ONLINE, model.calibration.profile, step_cost.fit_error(cost, observed, model.ctx),
+                      seen + round(sum(s.weight for s in observed)), model.calibration.reason)
+
+
+def _observed(s: StepStat, k: int) -> ObservedStep:
+    """A bucket's mean step: its sequences' tokens (k + 1 while speculating) and the prompt tokens beyond."""
+    batch = max(1, round(s.batch))
+    q = (k + 1) if s.speculating and k > 0 else 1
+    extra = max(0, round(s.tokens - batch * q)) if s.tokens else 0
+    return ObservedStep(batch, q, extra, s.seconds, s.steps)
 
 
 def _q(s: StepStat, k: int) -> int:

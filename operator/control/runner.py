@@ -26,7 +26,7 @@ from typing import Callable
 
 import httpx
 
-from specfleet.operator import api, capacity, catalogs, model_folder, planner, render
+from specfleet.operator import api, capacity, catalogs, model_folder, planner, render, status
 from specfleet.operator.control import discovery, loop, scale_down, speculation, telemetry
 from specfleet.operator.control.calibration import recalibrate
 from specfleet.operator.control.discovery import EnginePod
@@ -99,7 +99,8 @@ class ServiceControl:
             step.events += await self._mark_for_deletion(pods, scrapes, previous, step.scale.desired)
         await self._apply(spec, step, endpoints, scrapes)
         _record_metrics(self.namespace, self.name, spec, plan, step, ready, window, st)
-        return ControlOutcome(loop.status_patch(body, step, when), step.events)
+        patch = {**loop.status_patch(body, step, when), "calibration": status.calibration_dict(st.model.calibration)}
+        return ControlOutcome(patch, step.events)
 
     async def detect(self, body: dict, pods: list[EnginePod], replicas: Replicas | None,
                      when: str) -> ControlOutcome | None:
@@ -137,7 +138,7 @@ class ServiceControl:
         if spec.plan_only:                  # nothing of ours to control (a leftover workload is left alone)
             return self.planned
         spec = model_folder.with_folder_architecture(spec, catalogs.models())
-        plan = planner.plan(spec, catalogs.gpus(), catalogs.models())
+        plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
         model = capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models()) \
             if isinstance(plan, planner.Plan) else None
         if model is None:

@@ -1,9 +1,10 @@
-"""The simulated fleet (`SimulatedFleet`): pods that start, serve with continuous batching under the
-roofline model, and drain.
+"""The simulated fleet (`SimulatedFleet`): pods that start, serve with continuous batching at the step
+times of an engine profile (`truth.ProfileTruth`: measured, or derived and labelled so; never the
+controller's roofline), and drain.
 
-Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the performance model's
-length at its current batch (a mixed step while it prefills), so its sequences get dt / T(B, ctx, k+1)
-steps of E[tokens | alpha, k] tokens each, and prompts share what the step's token budget leaves after
+Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the profile's length at
+its current batch (a mixed step while it prefills), so its sequences get dt / T(B, ctx, k+1) steps of
+E[tokens | alpha, k] tokens each, and prompts share what the step's token budget leaves after
 the running sequences' tokens and draft tokens to verify.
 The gateway (as `cluster/gateway.py`) hands each request on arrival to the ready pod with the fewest
 prompts waiting for prefill, then the fewest held (an endpoint picker that reads the engines' queue
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from specfleet.operator import perfmodel as pm
 from specfleet.operator.control import window as w
 from specfleet.operator.capacity import ServiceModel
+from specfleet.operator.simulator.truth import ProfileTruth
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)
@@ -53,10 +55,18 @@ class Totals:
     gpu_seconds: float = 0.0
 
 
+@dataclass
+class Record:
+    """What the fleet did, tick by tick: (time, per-token interval of each busy pod, tokens it emitted at
+    that interval), and finished requests: (time, TTFTs, mean time per output token, output tokens)."""
+    intervals: list[tuple[float, np.ndarray, np.ndarray]] = field(default_factory=list)
+    finished: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+
 class SimulatedFleet:
     """All pods of one service and the requests they serve."""
 
-    def __init__(self, model: ServiceModel, truth: pm.Calibration, prompt: int, startup_s: float,
+    def __init__(self, model: ServiceModel, truth: ProfileTruth, prompt: int, startup_s: float,
                  gpus_per_replica: int, kv_tokens: int, rng: np.random.Generator, queue_policy: str = "fifo"):
         if queue_policy not in QUEUE_POLICIES:
             raise ValueError(f"unknown queue policy {queue_policy!r}; one of {', '.join(QUEUE_POLICIES)}")
@@ -77,6 +87,7 @@ class SimulatedFleet:
         self.queue_arrival, self.queue_out = np.zeros(0), np.zeros(0)
         self.totals = Totals()
         self.ttft_samples: list[np.ndarray] = []
+        self.record: Record | None = None       # per-tick detail for the trace replay (None: not kept)
 
     def _metrics(self) -> None:
         n = MAX_PODS
@@ -141,6 +152,15 @@ class SimulatedFleet:
             out = np.clip(self.rng.lognormal(math.log(mean) - 0.125, 0.5, count), 16, 4 * mean).round()
             self.queue_arrival = np.concatenate([self.queue_arrival, arrivals])
             self.queue_out = np.concatenate([self.queue_out, out])
+
+    def submit(self, arrivals: np.ndarray, outputs: np.ndarray) -> None:
+        """Requests that arrive at the gateway at `arrivals` with `outputs` tokens each (closed-loop clients)."""
+        self.queue_arrival = np.concatenate([self.queue_arrival, np.asarray(arrivals, float)])
+        self.queue_out = np.concatenate([self.queue_out, np.asarray(outputs, float)])
+
+    def in_flight(self) -> int:
+        """Requests not finished: at the gateway and at the pods."""
+        return len(self.queue_arrival) + len(self.req["rep"])
 
     def _admit(self, t0: float) -> None:
         """Hand every request at the gateway to a ready pod (none wait there while one is ready)."""
@@ -266,11 +286,7 @@ class SimulatedFleet:
         return np.maximum(self.m.chunk - batch * (k + 1), 1.0)
 
     def _step_time(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
-        m, c = self.m.shape, self.truth
-        memory = (pm.weights_bytes(m) + batch * self.m.ctx * pm.kv_bytes_per_token(m)) / c.bw_eff
-        tokens = np.maximum(batch * (k + 1), np.where(prefilling, self.m.chunk, 0))
-        compute = 2 * m.parameters * np.maximum(tokens, 1) / c.flops_eff
-        return np.maximum(memory, compute) + c.t_fixed
+        return self.truth.step(batch, k, prefilling)
 
     def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, toks, first_at) -> None:
         pods = np.flatnonzero(batch > 0)
@@ -283,6 +299,8 @@ class SimulatedFleet:
             ttft = first_at[got] - self.req["arrival"][got]
             np.add.at(self.ttft_h, (rep[got], np.searchsorted(TTFT_BUCKETS, ttft)), 1)
             np.add.at(self.ttft_sum, rep[got], ttft)
+        if self.record is not None:
+            self.record.intervals.append((self._now, tpot[pods], per_pod[pods]))
         self.batch_sum[pods] += batch[pods] * steps[pods]
         self.batch_steps[pods] += steps[pods]
         bucket = np.searchsorted(BATCH_BOUNDS, batch[pods])
@@ -315,6 +333,9 @@ class SimulatedFleet:
         t.tokens += float(r["olen"][done].sum())
         t.tpot_sum += float(r["worst"][done].sum())
         self.ttft_samples.append(ttft.astype(np.float32))
+        if self.record is not None:
+            decode = np.maximum(self._now - r["first"][done], 0.0) / np.maximum(r["olen"][done] - 1, 1)
+            self.record.finished.append((self._now, ttft, decode, r["olen"][done]))
         self.req = {key: value[~done] for key, value in r.items()}
 
     def unfinished_late(self, now: float) -> int:

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
-from specfleet.operator import catalogs, perfmodel as pm, planner
+from specfleet.engine.profile_model import Profile
+from specfleet.operator import catalogs, planner
+from specfleet.operator.catalogs import normalize
 from specfleet.operator.control import autoscaler, coordinator, speculation
 from specfleet.operator.capacity import ServiceModel, service_model
 from specfleet.operator.control.calibration import recalibrate
@@ -14,23 +17,35 @@ from specfleet.operator.control.window import build_window
 from specfleet.operator.simulator import policies as P
 from specfleet.operator.simulator.fleet import SimulatedFleet
 from specfleet.operator.simulator.scenarios import Scenario
+from specfleet.operator.simulator.truth import ProfileTruth, find_profile, truth_for
 
 INTERVAL_S = 15.0
 DT = 0.5
-# The fleet really streams memory 10% slower than the catalog's starting calibration; the control loop
-# must find that out from step times.
-TRUTH = {"bw_eff": 0.9, "flops_eff": 1.0, "t_fixed": 1.0}
 
 
-def setup(scenario: Scenario):
-    spec = scenario.spec
-    plan = planner.plan(spec, catalogs.gpus(), catalogs.models())
+def setup(scenario: Scenario, profile: Profile | Path | None = None):
+    """(spec, plan, model, truth) of a scenario's service. The plan and the controller's model are what
+    the operator makes of the spec (`catalogs.profiles()` as in handlers.py: the measured profile where
+    one is shipped, else the catalog's roofline); the fleet's truth is the engine profile of its (model,
+    accelerator), `profile` when given. The controller learns the difference online."""
+    return setup_spec(scenario.spec, profile)
+
+
+def setup_spec(spec, profile: Profile | Path | None = None, planned: catalogs.ProfileCatalog | None = None):
+    """As `setup`; `planned` is the profile catalogue the operator plans with (None: the shipped one)."""
+    plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles() if planned is None else planned)
     if isinstance(plan, planner.Infeasible):
-        raise ValueError(f"the scenario's service is infeasible: {plan.message}")
+        raise ValueError(f"the service is infeasible: {plan.message}")
     model = service_model(spec, plan, catalogs.gpus(), catalogs.models())
-    c = model.cal
-    truth = pm.Calibration(c.bw_eff * TRUTH["bw_eff"], c.flops_eff * TRUTH["flops_eff"], c.t_fixed * TRUTH["t_fixed"])
-    return spec, plan, model, truth
+    return spec, plan, model, service_truth(spec, plan.accelerator, model, profile)
+
+
+def service_truth(spec, accelerator: str, model: ServiceModel, profile: Profile | Path | None) -> ProfileTruth:
+    """The profile of the service's model (by its name, else its source's) on `accelerator`."""
+    if profile is None:
+        names = (spec.model.name, normalize(spec.model.source).rsplit("/", 1)[-1].split(":", 1)[-1])
+        profile = next((p for n in names if (p := find_profile(n, accelerator)) is not None), None)
+    return truth_for(spec.model.name, accelerator, model.ctx, model.chunk, profile)
 
 
 def make_policies(name: str, scenario: Scenario, spec, model: ServiceModel, truth, fixed: int | None,
@@ -49,7 +64,8 @@ def make_policies(name: str, scenario: Scenario, spec, model: ServiceModel, trut
     # Static peak provisioning, and a peer told so, run without speculative decoding (vLLM's default).
     if not knobs.pop("speculate", 1) or (name == "static-peak" and fixed is None):
         ours_spec = P.FixedSpeculation(False, sp.max_speculative_tokens, "spec-always-off")
-    true_model = replace(model, cal=truth, prior=truth)
+    true_cal = truth.calibration(model.shape, model.prior)
+    true_model = replace(model, cal=true_cal, prior=true_cal)
     alpha0 = scenario.alpha(0)
     k_peak = true_model.best_k(true_model.slo_batch(), alpha0)
     # Static peak provisioning sizes replicas as ours do (the same capacity at the same utilization,
@@ -83,10 +99,11 @@ def queue_policy_of(policy: str) -> str:
 
 def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int | None = None,
              interval_s: float = INTERVAL_S, dt: float = DT, queue_policy: str | None = None,
-             knobs: dict | None = None) -> dict:
+             knobs: dict | None = None, profile: Profile | Path | None = None) -> dict:
     """Run `policy` on `scenario`; `queue_policy` (fifo | deadline) overrides the policy's engine;
-    `knobs` override a peer baseline's settings (see `make_policies`)."""
-    spec, plan, model, truth = setup(scenario)
+    `knobs` override a peer baseline's settings (see `make_policies`); `profile` is the fleet's truth
+    (default: the shipped profile of the scenario's model and accelerator)."""
+    spec, plan, model, truth = setup(scenario, profile)
     scaler, spec_ctl, peak = make_policies(policy, scenario, spec, model, truth, fixed_replicas, knobs)
     rng = np.random.default_rng(seed)
     queue_policy = queue_policy or queue_policy_of(policy)
@@ -206,4 +223,5 @@ def _summary(scenario, policy, fleet, series, actions, switches, peak, model, se
             "max_replicas": max((p["replicas"] for p in series), default=0), "static_peak_replicas": peak,
             "calibration": {"bw_eff": model.cal.bw_eff, "flops_eff": model.cal.flops_eff,
                             "t_fixed": model.cal.t_fixed},
+            "truth": fleet.truth.source, "truth_notes": fleet.truth.notes,
             "series": series}

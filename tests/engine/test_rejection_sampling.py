@@ -62,3 +62,30 @@ def test_ngram_proposes_the_continuation_of_the_latest_earlier_match():
     proposer = NgramProposer(min_n=1, max_n=3)
     assert proposer.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3], 3) == [7, 8, 5]
     assert proposer.propose([4, 5, 6], 2) == []
+
+
+def test_the_greedy_fast_path_returns_what_full_verification_returns_for_one_hot_targets_and_drafts():
+    from specfleet.engine.speculative.rejection import verify_greedy
+
+    gen = torch.Generator().manual_seed(7)
+    vocab, lens = 50, [4, 0, 2, 3, 1, 4]
+    logits = torch.randn(sum(lens) + len(lens), vocab, generator=gen)
+    best = logits.argmax(-1).tolist()
+    drafts, offset = [], 0
+    for i, n in enumerate(lens):            # drafts that follow the argmax for a while, then (some) diverge
+        row = best[offset:offset + n + 1]
+        drafts.append([t if j < i % (n + 1) else (t + 1) % vocab for j, t in enumerate(row[:n])])
+        offset += n + 1
+    k = max(lens)
+    target, draft = torch.zeros(len(lens), k + 1, vocab), torch.zeros(len(lens), k, vocab)
+    padded = torch.full((len(lens), k), -1, dtype=torch.long)
+    offset = 0
+    for i, n in enumerate(lens):
+        target[i, :n + 1] = torch.nn.functional.one_hot(torch.tensor(best[offset:offset + n + 1]), vocab).float()
+        offset += n + 1
+        padded[i, :n] = torch.tensor(drafts[i], dtype=torch.long)
+        draft[i, :n].scatter_(-1, padded[i, :n, None], 1.0)
+    full = verify(target, draft, padded, torch.tensor(lens), [None] * len(lens))
+    fast = verify_greedy(logits, drafts)
+    assert fast.num_accepted == full.num_accepted and fast.tokens == full.tokens
+    assert 0 < sum(fast.num_accepted) < sum(lens)          # both accepts and rejections were exercised

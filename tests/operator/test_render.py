@@ -36,7 +36,8 @@ def test_specfleet_args_are_exactly_the_engine_contract(make_spec, gpus, models)
                      "--itl-target-ms": "30",           # the ITL SLO: with the TTFT, what counts as a met request
                      "--drain-timeout": "110",          # drained and exited within the pod's 120 s grace period
                      "--speculative-method": "ngram", "--num-speculative-tokens": str(plan.speculation.k),
-                     "--speculation-enabled": "true", "--admin-token-file": render.ADMIN_TOKEN_FILE}
+                     "--speculation-enabled": "true", "--admin-token-file": render.ADMIN_TOKEN_FILE,
+                     "--max-speculative-tokens": "8"}   # the live retuning's ceiling: maxSpeculativeTokens
 
 
 def test_hf_sources_are_fetched_by_an_init_container(make_spec, gpus, models):

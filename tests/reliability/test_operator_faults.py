@@ -205,7 +205,7 @@ def test_killed_around_a_scale_down_it_neither_double_scales_nor_oscillates(clus
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     for e in engines:                                            # load vanishes -> a scale-down is decided
-        e.set(rps=0.2, ttft=0.3, itl=0.05, waiting=0.0, batch=1.0)
+        e.set(rps=0.02, ttft=0.3, itl=0.05, waiting=0.0, batch=1.0)
     rel.wait_for(lambda: trace and trace[-1][1] < 4, timeout=40, every=0.01)
     operator.kill()                                              # right after the decision was applied
     phase("scale-down applied; operator killed")

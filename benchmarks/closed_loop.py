@@ -1,0 +1,620 @@
+"""Closed loop on real engines: the sim-to-real trace on `specfleet up` with SmolLM2-135M, speculation
+auto / always on / always off.
+
+Each mode gets a fresh `specfleet up` (no prefix cache carries over) of manifests/examples/smollm2-cpu.yaml
+with one fixed replica (`spec.replicas: 1`, so the batch grows with the clients) and
+`spec.speculation.mode` set to the mode. Closed-loop clients follow `SIM_TO_REAL.at(t)`
+(operator/simulator/trace.py): client i is active while i < clients(t) and then sends its next streaming
+chat completion (temperature 0, `ignore_eos`, the trace's max_tokens) as soon as the last one ends. Prompts
+are the phase's workload from benchmarks/speculation.py (copy-heavy: repeat or lightly edit code given in
+the prompt; open-ended: stories, explanations), drawn per client from the same seed in every mode.
+
+Per phase (requests counted in the phase they finish in): output tokens/s, goodput (tokens/s of requests
+whose TTFT meets the CR's ttftP99Ms and whose mean time per output token meets its itlP99Ms, the engine's
+own SLO-met rule), TTFT p50/p99 (client side, through the gateway), ITL p50/p99 (the engine's
+`vllm:inter_token_latency_seconds` histogram over the phase, interpolated within buckets as
+histogram_quantile does, since a speculative step streams several tokens in one chunk), client-side TPOT
+p50/p99, mean batch (`specfleet:batch_size` over the phase), and the share of samples (1 s apart) in which
+the engine's /admin/speculation said on. Switches come from `status.lastDecisions` and the Events.
+
+Checks: auto's goodput >= max(on, off) - 3% in every phase and above both overall; in auto, speculation
+goes off (BatchAboveThreshold) within two control intervals of the batch crossing above the threshold
+the operator reports (its `SpeculationActive` message, x (1 + hysteresis)) and back on (SpeculationPays)
+within two intervals of it falling below threshold x (1 - hysteresis), one switch per crossing.
+
+    .venv/bin/python benchmarks/closed_loop.py                      # 3 x ~11 min; writes results/closed_loop.json
+    .venv/bin/python benchmarks/closed_loop.py --scale 0.1 --modes auto --out /tmp/cl.json   # a quick check
+
+The control interval and speculation dwell are shortened for the benchmark (--interval 5 s, --dwell 10 s
+by default, through SPECFLEET_CONTROL_INTERVAL / SPECFLEET_SPECULATION_DWELL).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from speculation import COPY_TASKS, OPEN_TASKS   # benchmarks/speculation.py: the same prompt sets
+
+from specfleet.operator.control.speculation import SpeculationPolicy
+from specfleet.operator.simulator.trace import SIM_TO_REAL, Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
+OUT = Path(__file__).parent / "results" / "closed_loop.json"
+MODES = ("auto", "on", "off")
+PROMPTS = {"copy-heavy": COPY_TASKS, "open-ended": OPEN_TASKS}
+OFF_REASONS, ON_REASONS = ("BatchAboveThreshold",), ("SpeculationPays",)
+HYSTERESIS = SpeculationPolicy().batch_hysteresis
+GOODPUT_MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class Settings:
+    trace: Trace
+    modes: tuple[str, ...] = MODES
+    interval_s: float = 5.0
+    dwell_s: float = 10.0
+    seed: int = 0
+    repeats: int = 1
+    port: int = 8790
+    ready_timeout_s: float = 600.0
+    logs_dir: Path | None = None         # where each run's `specfleet up` logs are copied (None: dropped)
+
+
+# -- the fleet ---------------------------------------------------------------------------------------------
+def manifest(mode: str) -> dict:
+    """The example CR with one fixed replica and speculation forced to `mode`."""
+    if mode not in MODES:
+        raise ValueError(f"speculation mode must be one of {', '.join(MODES)}, got {mode!r}")
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["replicas"] = 1
+    doc["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 1}
+    doc["spec"]["speculation"]["mode"] = mode
+    return doc
+
+
+class Fleet:
+    """One `specfleet up` in a temporary folder: the gateway, the API emulator, the pod's endpoints."""
+
+    def __init__(self, workdir: Path, doc: dict, port: int, proc: subprocess.Popen):
+        self.workdir, self.doc, self.port, self.proc = workdir, doc, port, proc
+        self.state = workdir / "state"
+        self.name, self.namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
+        self.model = doc["spec"]["model"]["name"]
+        self.gateway = f"http://127.0.0.1:{port}/v1"
+
+    @property
+    def api(self) -> str:
+        return json.loads((self.state / "fleet.json").read_text())["api"]
+
+    def get(self, path: str, token: str | None = None, timeout: float = 5.0) -> dict:
+        url = path if path.startswith("http") else self.api + path
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def service(self) -> dict:
+        return self.get(f"/apis/specfleet.io/v1alpha1/namespaces/{self.namespace}/inferenceservices/{self.name}")
+
+    def events(self) -> list[dict]:
+        return self.get(f"/api/v1/namespaces/{self.namespace}/events").get("items", [])
+
+    def pod(self) -> tuple[str, str] | None:
+        """(endpoint URL, admin token) of the Ready pod, found as the operator finds it."""
+        for pod in self.get(f"/api/v1/namespaces/{self.namespace}/pods").get("items", []):
+            ready = any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in (pod.get("status") or {}).get("conditions") or [])
+            if ready:
+                port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+                tokens = list((self.state / "pods").glob(f"{self.namespace}_{pod['metadata']['name']}/volumes/*/token"))
+                return f"http://{pod['status']['podIP']}:{port}", tokens[0].read_text().strip() if tokens else None
+        return None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        log = self.workdir / "up.log"
+        return log.read_text()[-chars:] if log.exists() else ""
+
+
+@contextmanager
+def fleet_up(doc: dict, settings: Settings):
+    """`specfleet up -f CR` with the benchmark's interval and dwell; Ctrl-C'd (its whole group) on exit."""
+    with tempfile.TemporaryDirectory(prefix="closed-loop-") as tmp:
+        workdir = Path(tmp)
+        cr = workdir / "svc.yaml"
+        cr.write_text(yaml.safe_dump(doc))
+        env = {**os.environ, "SPECFLEET_CONTROL_INTERVAL": f"{settings.interval_s:g}",
+               "SPECFLEET_SPECULATION_DWELL": f"{settings.dwell_s:g}", "SPECFLEET_DETECT_INTERVAL": "0"}
+        with open(workdir / "up.log", "w") as log:
+            proc = subprocess.Popen([str(BIN / "specfleet"), "up", "-f", str(cr), "--port", str(settings.port),
+                                     "--plain", "--state-dir", str(workdir / "state")], cwd=workdir, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        fleet = Fleet(workdir, doc, settings.port, proc)
+        try:
+            wait(lambda: fleet.pod() is not None and "ready: model" in fleet.log_tail(100_000),
+                 settings.ready_timeout_s, "the first ready replica", fleet)
+            yield fleet
+        finally:
+            stop(proc)
+            if settings.logs_dir is not None:
+                keep_logs(workdir, settings.logs_dir / f"{doc['spec']['speculation']['mode']}-{int(time.time())}")
+
+
+def keep_logs(workdir: Path, into: Path) -> None:
+    into.mkdir(parents=True, exist_ok=True)
+    shutil.copy(workdir / "up.log", into)
+    if (workdir / "state/logs").is_dir():
+        shutil.copytree(workdir / "state/logs", into / "logs", dirs_exist_ok=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def wait(probe, timeout: float, what: str, fleet: Fleet) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fleet.proc.poll() is not None:
+            raise RuntimeError(f"specfleet up exited ({fleet.proc.returncode}) before {what}:\n{fleet.log_tail()}")
+        try:
+            if probe():
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}:\n{fleet.log_tail()}")
+
+
+# -- clients -----------------------------------------------------------------------------------------------
+@dataclass
+class Request:
+    client: int
+    workload: str
+    start: float                 # seconds since the trace started
+    end: float = 0.0
+    ttft_s: float | None = None
+    tokens: int = 0
+    error: str = ""
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.tokens < 2:
+            return None
+        return (self.end - self.start - self.ttft_s) / (self.tokens - 1)
+
+
+def one_request(client, model: str, text: str, max_tokens: int, seed: int, req: Request, clock) -> None:
+    try:
+        stream = client.chat.completions.create(
+            model=model, stream=True, max_tokens=max_tokens, temperature=0, seed=seed,
+            messages=[{"role": "user", "content": text}], stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True})
+        for chunk in stream:
+            if req.ttft_s is None and chunk.choices and chunk.choices[0].delta.content:
+                req.ttft_s = clock() - req.start
+            if chunk.usage is not None:
+                req.tokens = chunk.usage.completion_tokens
+    except Exception as exc:  # noqa: BLE001  (a failed request is a figure, not a crash)
+        req.error = repr(exc)[:200]
+    req.end = clock()
+
+
+def run_clients(fleet: Fleet, trace: Trace, seed: int, t0: float, on_tick=lambda t: None) -> list[Request]:
+    """Closed-loop clients per `trace.at(t)`, t seconds since monotonic `t0`, until the trace ends; waits
+    for the requests in flight."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=fleet.gateway, api_key="unused", max_retries=0, timeout=600)
+    clock = lambda: time.monotonic() - t0                                          # noqa: E731
+    width = max(max(p.clients_from, p.clients_to) for p in trace.phases)
+    done: list[Request] = []
+
+    def user(i: int) -> None:
+        rng = random.Random(seed * 100_003 + i)
+        while (now := clock()) < trace.duration:
+            phase, active = trace.at(now)
+            if i >= active:
+                time.sleep(0.2)
+                continue
+            req = Request(i, phase.workload, now)
+            prompts = PROMPTS[phase.workload]
+            one_request(client, fleet.model, prompts[rng.randrange(len(prompts))], trace.max_tokens,
+                        rng.randrange(2**31), req, clock)
+            done.append(req)
+
+    users = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(width)]
+    for u in users:
+        u.start()
+    while clock() < trace.duration:
+        on_tick(clock())
+        time.sleep(0.5)
+    for u in users:
+        u.join(600)
+    return done
+
+
+# -- the engine's and the operator's side --------------------------------------------------------------------
+@dataclass
+class Sample:
+    t: float
+    counters: dict[str, float]            # cumulative /metrics values the report needs
+    itl_buckets: list[tuple[float, float]]
+    speculating: bool | None
+    threshold: int | None
+    reason: str | None = None             # the SpeculationActive condition's reason (why it holds)
+
+
+SERIES = ("specfleet:batch_size_sum", "specfleet:batch_size_count", "vllm:generation_tokens_total")
+
+
+def scrape(url: str) -> tuple[dict[str, float], list[tuple[float, float]]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    counters, buckets = {}, []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in SERIES:
+                counters[s.name] = s.value
+            elif s.name == "vllm:inter_token_latency_seconds_bucket":
+                buckets.append((float(s.labels["le"]), s.value))
+    return counters, sorted(buckets)
+
+
+THRESHOLD = re.compile(r"pays up to batch (\d+)")
+
+
+def reported_threshold(service: dict) -> tuple[int | None, str | None]:
+    """The break-even batch the operator last reported (its SpeculationActive message, else the plan's)
+    and the condition's reason."""
+    status = service.get("status") or {}
+    cond = next((c for c in status.get("conditions") or [] if c["type"] == "SpeculationActive"), {})
+    if m := THRESHOLD.search(cond.get("message", "")):
+        return int(m.group(1)), cond.get("reason")
+    return ((status.get("plan") or {}).get("predicted") or {}).get("maxBatchForSpeculation"), cond.get("reason")
+
+
+class Poller(threading.Thread):
+    """Once a second: the pod's /metrics, its /admin/speculation state, and the threshold in status."""
+
+    def __init__(self, fleet: Fleet, t0: float):
+        super().__init__(daemon=True)
+        self.fleet, self.t0 = fleet, t0
+        self.samples: list[Sample] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                self.samples.append(self.sample())
+            except (OSError, ValueError, KeyError, TypeError):
+                pass           # a missed sample (no Ready pod yet, a timeout); the next one is a second away
+            self.halt.wait(1.0)
+
+    def sample(self) -> Sample:
+        url, token = self.fleet.pod()
+        counters, buckets = scrape(url)
+        speculating = self.fleet.get(url + "/admin/speculation", token)["enabled"] if token else None
+        return Sample(time.monotonic() - self.t0, counters, buckets, speculating,
+                      *reported_threshold(self.fleet.service()))
+
+
+# -- reduction -------------------------------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' histogram_quantile over cumulative (le, count) pairs."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lo_le, lo_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return lo_le
+            return lo_le + (le - lo_le) * ((rank - lo_count) / (count - lo_count) if count > lo_count else 1.0)
+        lo_le, lo_count = le, count
+    return lo_le
+
+
+def between(samples: list[Sample], start: float, end: float) -> tuple[Sample, Sample] | None:
+    """The first sample at or after `start` and the last at or before `end` (None if fewer than two)."""
+    inside = [s for s in samples if start - 0.5 <= s.t <= end + 0.5 and s.counters]
+    return (inside[0], inside[-1]) if len(inside) >= 2 else None
+
+
+def delta(pair: tuple[Sample, Sample] | None, name: str) -> float | None:
+    if pair is None or name not in pair[0].counters or name not in pair[1].counters:
+        return None
+    return pair[1].counters[name] - pair[0].counters[name]
+
+
+def span_figures(requests: list[Request], samples: list[Sample], start: float, end: float, targets) -> dict:
+    """The figures of one span of the run (a phase or the whole trace)."""
+    ttft_target, itl_target = targets
+    ended = [r for r in requests if start <= r.end < end and not r.error]
+    good = [r for r in ended if r.ttft_s is not None and r.ttft_s <= ttft_target
+            and r.tpot_s is not None and r.tpot_s <= itl_target]
+    seconds = end - start
+    pair = between(samples, start, end)
+    count = delta(pair, "specfleet:batch_size_count")
+    itl = ([(le, b - a) for (le, b), (_, a) in zip(pair[1].itl_buckets, pair[0].itl_buckets)]
+           if pair and len(pair[0].itl_buckets) == len(pair[1].itl_buckets) else [])
+    states = [s.speculating for s in samples if start <= s.t < end and s.speculating is not None]
+    ms = lambda v: None if v is None else round(v * 1000, 1)                      # noqa: E731
+    return {"throughput_tok_s": round(sum(r.tokens for r in ended) / seconds, 2),
+            "goodput_tok_s": round(sum(r.tokens for r in good) / seconds, 2),
+            "ttft_p50_ms": ms(percentile([r.ttft_s for r in ended if r.ttft_s is not None], 0.5)),
+            "ttft_p99_ms": ms(percentile([r.ttft_s for r in ended if r.ttft_s is not None], 0.99)),
+            "itl_p50_ms": ms(histogram_quantile(itl, 0.5)), "itl_p99_ms": ms(histogram_quantile(itl, 0.99)),
+            "tpot_p50_ms": ms(percentile([r.tpot_s for r in ended if r.tpot_s is not None], 0.5)),
+            "tpot_p99_ms": ms(percentile([r.tpot_s for r in ended if r.tpot_s is not None], 0.99)),
+            "batch_mean": round(delta(pair, "specfleet:batch_size_sum") / count, 2) if count else None,
+            "speculation_on_share": round(sum(states) / len(states), 3) if states else None,
+            "requests": len(ended), "failed": sum(1 for r in requests if start <= r.end < end and r.error)}
+
+
+SWITCH = re.compile(r"speculation (on k=(\d+)|off) \((\w+)\)")
+
+
+def switches(fleet: Fleet, t0_wall: float) -> list[dict]:
+    """Speculation switches from the Events (all of them kept; `status.lastDecisions` holds the last 20),
+    each with the batch its message reports and whether `lastDecisions` lists it too."""
+    decided = {(d["time"][:19], d["to"].startswith("on"), d["reason"])
+               for d in (fleet.service().get("status") or {}).get("lastDecisions") or [] if d["kind"] == "speculation"}
+    events = sorted((e for e in fleet.events() if e.get("reason") in ("SpeculationOn", "SpeculationOff")),
+                    key=lambda e: e.get("lastTimestamp") or "")
+    out = []
+    for e in events:
+        m = SWITCH.match(e["message"])
+        if m is None:
+            continue
+        enabled, stamp = m.group(1).startswith("on"), e["lastTimestamp"]
+        batch = re.search(r"batch (\d+(?:\.\d+)?)", e["message"])
+        threshold = THRESHOLD.search(e["message"])
+        out.append({"t": round(_epoch(stamp) - t0_wall, 1), "enabled": enabled,
+                    "k": int(m.group(2)) if m.group(2) else None, "reason": m.group(3),
+                    "batch": float(batch.group(1)) if batch else None,
+                    "threshold": int(threshold.group(1)) if threshold else None,
+                    "in_last_decisions": (stamp[:19], enabled, m.group(3)) in decided, "message": e["message"]})
+    return out
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def batch_series(samples: list[Sample], window_s: float) -> list[tuple[float, float, int | None, str | None]]:
+    """(t, mean batch over the last `window_s`, threshold and SpeculationActive reason reported then), as
+    the operator's window sees it."""
+    out = []
+    for i, s in enumerate(samples):
+        j = next((j for j in range(i, -1, -1) if s.t - samples[j].t >= window_s), None)
+        if j is None or not s.counters or not samples[j].counters:
+            continue
+        count = s.counters.get("specfleet:batch_size_count", 0) - samples[j].counters.get("specfleet:batch_size_count", 0)
+        if count > 0:
+            mean = (s.counters["specfleet:batch_size_sum"] - samples[j].counters["specfleet:batch_size_sum"]) / count
+            out.append((s.t, mean, s.threshold, s.reason))
+    return out
+
+
+def crossings(series: list[tuple], hysteresis: float = HYSTERESIS) -> list[dict]:
+    """Times the batch rose above threshold x (1 + h) ("off" due) or fell below threshold x (1 - h) ("on" due)."""
+    out, high = [], False
+    for t, batch, threshold, _ in series:
+        if threshold is None:
+            continue
+        if not high and batch > threshold * (1 + hysteresis):
+            high = True
+            out.append({"t": round(t, 1), "enabled": False, "batch": round(batch, 2), "threshold": threshold})
+        elif high and batch < threshold * (1 - hysteresis):
+            high = False
+            out.append({"t": round(t, 1), "enabled": True, "batch": round(batch, 2), "threshold": threshold})
+    return out
+
+
+def switch_checks(crossed: list[dict], switched: list[dict], interval_s: float) -> dict:
+    """Each crossing answered by one on/off switch in its direction within two intervals, and no other
+    on/off switch (depth changes while on, `DepthRetuned`, are counted apart)."""
+    retuned = [s for s in switched if s["reason"] == "DepthRetuned"]
+    switched = [s for s in switched if s["reason"] != "DepthRetuned"]
+    bounds = [c["t"] for c in crossed[1:]] + [float("inf")]
+    matched = []
+    for c, until in zip(crossed, bounds):
+        mine = [s for s in switched if c["t"] - interval_s <= s["t"] < until]
+        right = [s for s in mine if s["enabled"] == c["enabled"]]
+        lag = round(right[0]["t"] - c["t"], 1) if right else None
+        matched.append({**c, "switches": len(mine), "lag_s": lag,
+                        "ok": len(mine) == 1 and lag is not None and lag <= 2 * interval_s
+                        and right[0]["reason"] in (ON_REASONS if c["enabled"] else OFF_REASONS)})
+    first = crossed[0]["t"] - interval_s if crossed else float("inf")
+    early = [s for s in switched if s["t"] < first]
+    return {"crossings": matched, "switches_before_first_crossing": len(early), "depth_retunes": len(retuned),
+            "low_acceptance_switches": sum(s["reason"] == "LowAcceptance" for s in switched),
+            "ok": bool(crossed) and all(m["ok"] for m in matched) and not early}
+
+
+# -- one run, all runs -----------------------------------------------------------------------------------------
+def run_mode(mode: str, settings: Settings, progress=None) -> dict:
+    doc = manifest(mode)
+    slo = doc["spec"]["slo"]
+    targets = (slo["ttftP99Ms"] / 1000, slo["itlP99Ms"] / 1000)
+    trace = settings.trace
+    with fleet_up(doc, settings) as fleet:
+        t0, t0_wall = time.monotonic(), time.time()
+        poller = Poller(fleet, t0)
+        poller.start()
+        task = progress.add_task(f"{mode}", total=trace.duration) if progress else None
+        tick = (lambda t: progress.update(task, completed=t)) if progress else (lambda t: None)
+        requests = run_clients(fleet, trace, settings.seed, t0, tick)
+        poller.halt.set()
+        poller.join(10)
+        switched = switches(fleet, t0_wall)
+    samples = poller.samples
+    phases = {name: span_figures(requests, samples, start, end, targets) for name, start, end in trace.bounds()}
+    series = batch_series(samples, settings.interval_s)
+    crossed = crossings(series)
+    thresholds = sorted({s.threshold for s in samples if s.threshold is not None})
+    return {"phases": phases, "overall": span_figures(requests, samples, 0.0, trace.duration, targets),
+            "switches": switched, "thresholds_reported": thresholds,
+            # [t, window batch, threshold, SpeculationActive reason]
+            "batch_series": [[round(t, 1), round(b, 2), th, why] for t, b, th, why in series],
+            "requests": {"sent": len(requests), "failed": sum(1 for r in requests if r.error),
+                         "errors": sorted({r.error for r in requests if r.error})[:3]},
+            "switch_check": switch_checks(crossed, switched, settings.interval_s) if mode == "auto" else None}
+
+
+def goodput_checks(runs: dict) -> dict:
+    """auto >= max(on, off) - 3% per phase and above both overall (only with all three modes)."""
+    if not all(m in runs for m in MODES):
+        return {"ran": False, "why": "needs all three modes"}
+    per_phase = {}
+    for phase, auto in runs["auto"]["phases"].items():
+        best = max(runs["on"]["phases"][phase]["goodput_tok_s"], runs["off"]["phases"][phase]["goodput_tok_s"])
+        per_phase[phase] = {"auto": auto["goodput_tok_s"], "best_fixed": best,
+                            "ok": auto["goodput_tok_s"] >= best * (1 - GOODPUT_MARGIN)}
+    overall = {m: runs[m]["overall"]["goodput_tok_s"] for m in MODES}
+    return {"ran": True, "per_phase": per_phase, "overall": overall,
+            "overall_ok": overall["auto"] > max(overall["on"], overall["off"]),
+            "ok": all(p["ok"] for p in per_phase.values()) and overall["auto"] > max(overall["on"], overall["off"])}
+
+
+def median_run(repeats: list[dict]) -> dict:
+    """The median of every figure over repeats, with [min, max] under `spread`; switches of the first."""
+    def fold(figures: list[dict]) -> tuple[dict, dict]:
+        med, spread = {}, {}
+        for key in figures[0]:
+            values = [f[key] for f in figures if f[key] is not None]
+            med[key] = statistics.median(values) if values else None
+            spread[key] = [min(values), max(values)] if values else None
+        return med, spread
+
+    first = repeats[0]
+    phases, spreads = {}, {}
+    for phase in first["phases"]:
+        phases[phase], spreads[phase] = fold([r["phases"][phase] for r in repeats])
+    overall, spreads["overall"] = fold([r["overall"] for r in repeats])
+    return {**first, "phases": phases, "overall": overall, "spread": spreads, "repeats": len(repeats),
+            "switches_per_repeat": [r["switches"] for r in repeats],
+            "switch_checks_per_repeat": [r["switch_check"] for r in repeats]}
+
+
+def run_all(settings: Settings) -> dict:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    runs: dict[str, list[dict]] = {m: [] for m in settings.modes}
+    with Progress(TextColumn("{task.description:>8}"), BarColumn(), TextColumn("{task.completed:>5.0f} s"),
+                  TimeRemainingColumn()) as progress:
+        for _ in range(settings.repeats):
+            for mode in settings.modes:
+                runs[mode].append(run_mode(mode, settings, progress))
+    merged = {m: median_run(r) for m, r in runs.items()}
+    checks = {"goodput": goodput_checks(merged)}
+    if "auto" in merged:
+        checks["switches"] = {"ok": all(c["ok"] for c in merged["auto"]["switch_checks_per_repeat"]),
+                              "low_acceptance_switches": sum(c["low_acceptance_switches"]
+                                                             for c in merged["auto"]["switch_checks_per_repeat"])}
+    return {"config": config(settings), "runs": merged, "checks": checks}
+
+
+def config(settings: Settings) -> dict:
+    doc = manifest("auto")
+    return {"command": " ".join([".venv/bin/python", "benchmarks/closed_loop.py", *sys.argv[1:]]),
+            "trace": {"phases": [asdict(p) for p in settings.trace.phases], "max_tokens": settings.trace.max_tokens},
+            "modes": list(settings.modes), "control_interval_s": settings.interval_s,
+            "speculation_dwell_s": settings.dwell_s, "batch_hysteresis": HYSTERESIS, "seed": settings.seed,
+            "repeats": settings.repeats, "manifest": str(EXAMPLE.relative_to(ROOT)), "replicas": 1,
+            "slo": doc["spec"]["slo"], "goodput": "tokens/s of requests with TTFT <= ttftP99Ms and mean time "
+            "per output token <= itlP99Ms", "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                           time.gmtime())}
+
+
+# -- report ----------------------------------------------------------------------------------------------------
+COLUMNS = (("throughput_tok_s", "tok/s"), ("goodput_tok_s", "goodput"), ("ttft_p50_ms", "TTFT p50"),
+           ("ttft_p99_ms", "TTFT p99"), ("itl_p50_ms", "ITL p50"), ("itl_p99_ms", "ITL p99"),
+           ("batch_mean", "batch"), ("speculation_on_share", "spec on"))
+
+
+def print_report(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="closed loop on real engines (SmolLM2-135M, 1 CPU replica)")
+    for header in ("mode", "phase", *(label for _, label in COLUMNS)):
+        table.add_column(header, justify="right")
+    for mode, run in result["runs"].items():
+        for phase, figures in [*run["phases"].items(), ("overall", run["overall"])]:
+            table.add_row(mode, phase, *("-" if figures[k] is None else f"{figures[k]:g}" for k, _ in COLUMNS))
+    console = Console(width=max(140, Console().width))
+    console.print(table)
+    for mode, run in result["runs"].items():
+        for s in run["switches"]:
+            console.print(f"{mode}: t={s['t']:>6} s  {'on ' if s['enabled'] else 'off'} k={s['k']}  "
+                          f"{s['reason']}  batch {s['batch']}")
+    console.print(f"checks: {json.dumps(result['checks'])}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="shorten every phase by this factor")
+    parser.add_argument("--phases", nargs="*", help="run only these phases of the trace (default: all)")
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
+    parser.add_argument("--interval", type=float, default=5.0, help="control interval, seconds")
+    parser.add_argument("--dwell", type=float, default=10.0, help="speculation dwell, seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--port", type=int, default=8790)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--logs", type=Path, help="keep each run's `specfleet up` logs under this folder")
+    args = parser.parse_args()
+    if args.scale <= 0 or args.repeats < 1:
+        parser.error("--scale must be > 0 and --repeats >= 1")
+    trace = SIM_TO_REAL.scaled(args.scale)
+    if args.phases:
+        unknown = set(args.phases) - {p.name for p in trace.phases}
+        if unknown:
+            parser.error(f"unknown phase(s) {sorted(unknown)}; the trace has {[p.name for p in trace.phases]}")
+        trace = Trace(tuple(p for p in trace.phases if p.name in args.phases), trace.max_tokens, trace.seed)
+    settings = Settings(trace, tuple(args.modes), args.interval, args.dwell, args.seed, args.repeats, args.port,
+                        logs_dir=args.logs)
+    result = run_all(settings)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_report(result)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Sim-to-real: the closed-loop trace in the simulator (measured SmolLM2-135M CPU profile as the truth)
+next to the same trace on real engines (`benchmarks/closed_loop.py`).
+
+    .venv/bin/python benchmarks/sim_to_real.py                                   # simulator side only
+    .venv/bin/python benchmarks/sim_to_real.py --real benchmarks/results/closed_loop.json
+    .venv/bin/python benchmarks/sim_to_real.py --scale 0.1 --seeds 0 --out /tmp/s2r.json   # a quick check
+
+The simulator replays `SIM_TO_REAL` (operator/simulator/trace.py; with `--real`, the trace that run
+recorded, so a shortened real run is compared with the same shortened trace) on one replica of
+manifests/examples/smollm2-cpu.yaml with the real speculation controller and online calibration
+(operator/simulator/replay.py), in each speculation mode, with the control interval and dwell the real
+benchmark uses (5 s / 10 s by default). Per phase it reports the median and spread (max - min) over
+seeds; with `--real`, the real run's figures and the sim / real ratio, and whether each lies within
++-25% (the target). Writes benchmarks/results/sim_to_real.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from specfleet.engine import profile_model
+from specfleet.operator.simulator import replay
+from specfleet.operator.simulator.trace import SIM_TO_REAL, Phase, Trace
+from specfleet.operator.simulator import truth
+from specfleet.operator.simulator.truth import find_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
+OUT = Path(__file__).parent / "results" / "sim_to_real.json"
+METRICS = ("throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "batch_mean",
+           "speculation_on_share")
+TOLERANCE = 0.25
+# Prompt tokens of closed_loop.py's requests: benchmarks/speculation.py's tasks in SmolLM2's chat template
+# (default system prompt), counted with its tokenizer: copy-heavy 73-156 (mean 131.5), open-ended 41-46 (44).
+PROMPT_TOKENS = {"copy-heavy": 132, "open-ended": 44}
+FIT_WARNING = 0.25          # a profile fit worse than this is flagged before its numbers are trusted
+
+
+def real_trace(real: dict) -> Trace | None:
+    """The trace the real run used (`config.trace` in closed_loop.json), so both sides replay the same one."""
+    raw = real.get("config", {}).get("trace")
+    if not raw:
+        return None
+    return Trace(phases=tuple(Phase(p["name"], p["workload"], p["seconds"], p["clients_from"], p["clients_to"])
+                              for p in raw["phases"]), max_tokens=raw.get("max_tokens", SIM_TO_REAL.max_tokens))
+
+
+def simulate(profile_path: Path, modes: tuple[str, ...], seeds: tuple[int, ...], trace: Trace, interval: float,
+             dwell: float, prompt_tokens: dict[str, int]) -> dict:
+    """{mode: {"phases": {phase: {metric: median, metric_spread: max - min}}, "switches": [per seed]}}."""
+    spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    profile = profile_model.load(profile_path)
+    out = {}
+    for mode in modes:
+        runs = [replay.replay(trace, spec, profile, replay.ReplayConfig(mode=mode, interval_s=interval, dwell_s=dwell,
+                                                                       seed=s, prompt_tokens=prompt_tokens))
+                for s in seeds]
+        out[mode] = {"phases": {name: _aggregate([r["phases"][name] for r in runs]) for name in runs[0]["phases"]},
+                     "truth_notes": runs[0]["truth_notes"], "token_budget": runs[0]["token_budget"],
+                     "max_num_seqs": runs[0]["max_num_seqs"],
+                     "switches": [r["switches"] for r in runs], "alpha": runs[0]["alpha"],
+                     "calibration": [r["calibration"] for r in runs]}
+    return out
+
+
+def _aggregate(rows: list[dict]) -> dict:
+    out = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows if r[key] is not None]
+        if not values or not isinstance(values[0], (int, float)):
+            out[key] = rows[0][key]
+            continue
+        out[key] = round(statistics.median(values), 3)
+        out[f"{key}_spread"] = round(max(values) - min(values), 3)
+    return out
+
+
+def compare(sim: dict, real: dict) -> list[dict]:
+    """One row per (mode, phase, metric) both sides have: sim, real, ratio, within tolerance."""
+    rows = []
+    for mode, s in sim.items():
+        r = real.get("runs", {}).get(mode)
+        if r is None:
+            continue
+        for phase, figures in s["phases"].items():
+            other = r.get("phases", {}).get(phase, {})
+            for metric in METRICS:
+                a, b = figures.get(metric), other.get(metric)
+                ratio = a / b if a is not None and b not in (None, 0) else None
+                rows.append({"mode": mode, "phase": phase, "metric": metric, "sim": a, "real": b,
+                             "ratio": None if ratio is None else round(ratio, 3),
+                             "within": None if ratio is None else abs(ratio - 1) <= TOLERANCE})
+    return rows
+
+
+def print_sim(console: Console, sim: dict) -> None:
+    for mode, s in sim.items():
+        t = Table(title=f"simulator, speculation {mode} (median over seeds; spread in brackets)")
+        t.add_column("phase")
+        for m in METRICS:
+            t.add_column(m, justify="right")
+        for phase, f in s["phases"].items():
+            t.add_row(phase, *[_cell(f.get(m), f.get(f"{m}_spread")) for m in METRICS])
+        console.print(t)
+        for i, switches in enumerate(s["switches"]):
+            console.print(f"  seed run {i}: " + ("; ".join(f"{x['t']:g}s {x['direction']} ({x['reason']})"
+                                                           for x in switches) or "no switches"), markup=False)
+
+
+def print_compare(console: Console, rows: list[dict]) -> None:
+    t = Table(title=f"sim / real per phase (target: within +-{TOLERANCE:.0%})")
+    for c in ("mode", "phase", "metric", "sim", "real", "ratio", "ok"):
+        t.add_column(c, justify="left" if c in ("mode", "phase", "metric") else "right")
+    for r in rows:
+        t.add_row(r["mode"], r["phase"], r["metric"], _cell(r["sim"]), _cell(r["real"]), _cell(r["ratio"]),
+                  "" if r["within"] is None else ("yes" if r["within"] else "NO"))
+    console.print(t)
+
+
+def _cell(value, spread=None) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:g}"
+    return f"{text} [{spread:g}]" if spread else text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--real", type=Path, help="benchmarks/results/closed_loop.json from benchmarks/closed_loop.py")
+    ap.add_argument("--profile", type=Path, help="engine profile (default: the shipped smollm2-135m--cpu one)")
+    ap.add_argument("--modes", nargs="*", default=list(replay.MODES), choices=replay.MODES)
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="shorten every phase by this factor (with --real: the real run's trace instead)")
+    ap.add_argument("--interval", type=float, default=5.0, help="control interval, seconds (as the real run)")
+    ap.add_argument("--dwell", type=float, default=10.0, help="speculation dwell, seconds (as the real run)")
+    ap.add_argument("--prompt-tokens", type=int, nargs=2, metavar=("COPY_HEAVY", "OPEN_ENDED"),
+                    default=[PROMPT_TOKENS["copy-heavy"], PROMPT_TOKENS["open-ended"]],
+                    help="prompt tokens per workload (default: those of closed_loop.py's prompts)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    path = args.profile or find_profile("smollm2-135m", "cpu")
+    if path is None:
+        raise SystemExit("no smollm2-135m--cpu profile shipped; give --profile FILE (`specfleet engine profile`)")
+    console, started = Console(width=170), time.time()
+    for kind, f in profile_model.load(path).fit.items():
+        if f.rel_rms_error > FIT_WARNING:
+            console.print(f"[yellow]warning:[/] the profile's {kind} fit misses its own points by "
+                          f"{f.rel_rms_error:.0%} (relative RMS)", end="")
+            console.print(f"; over {truth.FIT_LIMIT:.0%} the simulator prices {kind} steps by the decode fit"
+                          if f.rel_rms_error > truth.FIT_LIMIT else "")
+    prompts = dict(zip(("copy-heavy", "open-ended"), args.prompt_tokens))
+    real = json.loads(args.real.read_text()) if args.real else None
+    trace = (real_trace(real) if real else None) or SIM_TO_REAL.scaled(args.scale)
+    sim = simulate(path, tuple(args.modes), tuple(args.seeds), trace, args.interval, args.dwell, prompts)
+    print_sim(console, sim)
+    result = {"profile": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+              "prompt_tokens": prompts, "trace": {"phases": [p.__dict__ for p in trace.phases],
+                                                  "max_tokens": trace.max_tokens},
+              "seeds": args.seeds, "interval_s": args.interval, "dwell_s": args.dwell, "simulator": sim}
+    if real:
+        rows = compare(sim, real)
+        print_compare(console, rows)
+        result.update(real=str(args.real), comparison=rows,
+                      within_share=round(sum(bool(r["within"]) for r in rows if r["within"] is not None)
+                                         / max(1, sum(r["within"] is not None for r in rows)), 3))
+    result["seconds"] = round(time.time() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    console.print(f"wrote {args.out} in {result['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

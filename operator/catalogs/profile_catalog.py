@@ -1,0 +1,78 @@
+"""The profile catalogue: measured engine profiles (`profiles/<model>--<accelerator>.json`) by
+(model, accelerator type).
+
+Each file is what `specfleet engine profile` writes (`specfleet.engine.profile_model`). A file that
+cannot be read or priced is kept as an entry with its error, so that planning falls back to the
+roofline and says why instead of failing.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+from specfleet.engine import profile_model
+from specfleet.operator.api import ModelRef
+from specfleet.operator.catalogs.loader import normalize
+from specfleet.operator.step_cost import ProfileCost, profile_cost
+
+HERE = Path(__file__).parent / "profiles"
+SEPARATOR = "--"
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    """One profile file: its cost, or why it cannot be used."""
+
+    name: str
+    cost: ProfileCost | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ProfileCatalog:
+    """Profiles by (normalized model name, accelerator type)."""
+
+    entries: Mapping[tuple[str, str], ProfileEntry] = field(default_factory=dict)
+
+    def lookup(self, model: ModelRef, accelerator: str) -> ProfileEntry | None:
+        for key in _names(model):
+            if (key, accelerator) in self.entries:
+                return self.entries[(key, accelerator)]
+        return None
+
+
+NO_PROFILES = ProfileCatalog()
+
+
+def _names(model: ModelRef) -> list[str]:
+    """The names a CR's model may be catalogued under: its name, its source, the source's last part."""
+    source = normalize(model.source)
+    bare = source.split(":", 1)[-1] if source.startswith("builtin:") else source
+    return list(dict.fromkeys([normalize(model.name), source, bare, bare.rsplit("/", 1)[-1]]))
+
+
+def read_entry(path: Path) -> ProfileEntry:
+    """One profile file as an entry; a file that cannot be used becomes an entry with its error."""
+    try:
+        return ProfileEntry(path.stem, profile_cost(profile_model.load(path), path.stem))
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        return ProfileEntry(path.stem, None, f"profile {path.name} is unusable: {exc}")
+
+
+def read_catalog(folder: Path) -> ProfileCatalog:
+    """Every `<model>--<accelerator>.json` in `folder` (none when the folder is missing)."""
+    entries = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        model, sep, accelerator = path.stem.partition(SEPARATOR)
+        if sep:
+            entries[(normalize(model), accelerator)] = read_entry(path)
+    return ProfileCatalog(entries)
+
+
+@lru_cache(maxsize=8)
+def profiles(path: str | None = None) -> ProfileCatalog:
+    """The packaged profile catalogue, or the one in folder `path`."""
+    return read_catalog(Path(path) if path else HERE)

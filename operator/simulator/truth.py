@@ -1,0 +1,123 @@
+"""The simulated engines' true step cost: a measured (or labelled, derived) engine profile.
+
+The simulator's pods run steps of the length a `specfleet.engine.profile_model.Profile` predicts for
+the service's (model, accelerator), never the length of the controller's roofline: a controller
+tested against its own formula learns nothing. `find_profile` looks the profile up by name
+(`<model>--<accelerator>.json`) in the operator's shipped profiles (`operator/catalogs/profiles/`,
+measured) and then in the simulator's own (`operator/simulator/profiles/`, derived from published
+figures and labelled so in their `derived` field).
+
+Step kinds as the engine runs them: a decode step (k = 0) costs the profile's decode fit at `batch`
+tokens, a speculative step its verify fit at `batch x (k + 1)` tokens; a step that also prefills
+costs at least the prefill fit of a full chunk (the token budget) at the service's mean context.
+A verify or prefill fit that misses its own points by more than `FIT_LIMIT` (relative RMS) is not
+used: that step is priced by the decode fit at the same number of tokens (one forward pass over them),
+and `notes` says so, in every result that carries the truth.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specfleet.engine import profile_model as prof
+from specfleet.operator import perfmodel as pm
+from specfleet.operator.capacity import alpha_from_acceptance
+
+HERE = Path(__file__).resolve().parent
+PROFILE_DIRS = (HERE.parent / "catalogs" / "profiles", HERE / "profiles")
+FIT_LIMIT = 0.5
+
+
+def profile_name(model: str, accelerator: str) -> str:
+    return f"{model.lower()}--{accelerator.lower()}.json"
+
+
+def find_profile(model: str, accelerator: str, dirs: tuple[Path, ...] = PROFILE_DIRS) -> Path | None:
+    """The first profile file for (model, accelerator) in `dirs`, or None."""
+    for d in dirs:
+        path = Path(d) / profile_name(model, accelerator)
+        if path.is_file():
+            return path
+    return None
+
+
+def load_labelled(path: Path) -> tuple[prof.Profile, str]:
+    """A profile and its provenance: "measured" or the file's `derived` label."""
+    data = json.loads(Path(path).read_text())
+    return prof.from_json(data), data.get("derived") or "measured"
+
+
+@dataclass(frozen=True)
+class ProfileTruth:
+    """Vectorized step times of one replica from a profile, at the service's mean context and token budget."""
+
+    profile: prof.Profile
+    ctx: int
+    chunk: int
+    source: str = "measured"
+
+    def __post_init__(self) -> None:
+        if "decode" not in self.profile.fit:
+            raise ValueError(f"profile of {self.profile.model} on {self.profile.device} has no decode fit")
+
+    def fit(self, kind: str) -> prof.StepFit:
+        """The fit a step kind is priced with: its own, or the decode fit where its own is missing or
+        misses its points by more than FIT_LIMIT."""
+        own = self.profile.fit.get(kind)
+        return own if own is not None and own.rel_rms_error <= FIT_LIMIT else self.profile.fit["decode"]
+
+    @property
+    def notes(self) -> list[str]:
+        """Which step kinds are priced by the decode fit instead of their own, and why."""
+        out = []
+        for kind in ("verify", "prefill"):
+            f = self.profile.fit.get(kind)
+            if f is None or f.rel_rms_error > FIT_LIMIT:
+                why = "missing" if f is None else f"error {f.rel_rms_error:.0%} > {FIT_LIMIT:.0%}"
+                out.append(f"{kind} fit {why}: {kind} steps priced by the decode fit over the same tokens")
+        return out
+
+    def step(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
+        """Seconds per step for each pod: `batch` running sequences, depth `k` (0: off), prefilling or not."""
+        batch, k = np.asarray(batch, float), np.asarray(k, int)
+        decode = self.profile.fit["decode"].seconds(batch, self.ctx, 1)
+        verify = self.fit("verify").seconds(batch, self.ctx, k + 1)
+        step = np.where(k > 0, verify, decode)
+        mixed = self.fit("prefill").seconds(1, self.ctx, self.chunk)
+        return np.where(prefilling, np.maximum(step, mixed), step)
+
+    def calibration(self, shape: pm.ModelShape, prior: pm.Calibration) -> pm.Calibration:
+        """The roofline calibration closest to this truth (for baselines that size from the true capacity):
+        `fit_calibration` over decode and verify steps at batches 1..512."""
+        samples = [pm.StepSample(b, self.ctx, q, float(self.step(np.array([b]), np.array([q - 1]),
+                                                                 np.array([False]))[0]))
+                   for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) for q in (1, 3, 5)]
+        return pm.fit_calibration(samples, shape, prior)
+
+
+def truth_for(model: str, accelerator: str, ctx: int, chunk: int,
+              profile: prof.Profile | Path | None = None) -> ProfileTruth:
+    """The truth for a service: `profile` when given (a Profile or a file), else the shipped one."""
+    if isinstance(profile, prof.Profile):
+        return ProfileTruth(profile, ctx, chunk, "given")
+    path = Path(profile) if profile is not None else find_profile(model, accelerator)
+    if path is None:
+        raise FileNotFoundError(f"no engine profile for {model} on {accelerator} in "
+                                f"{', '.join(str(d) for d in PROFILE_DIRS)}; measure one with "
+                                f"`specfleet engine profile` or derive one (benchmarks/derive_gpu_profile.py)")
+    p, source = load_labelled(path)
+    return ProfileTruth(p, ctx, chunk, source)
+
+
+def acceptance_alpha(profile: prof.Profile, workload: str, k: int | None = None) -> float:
+    """Per-token acceptance probability of the profile's n-gram measurement for `workload` (the
+    speculation model's alpha, from accepted / drafted tokens) at depth `k`, else at the deepest measured."""
+    found = sorted((a for a in profile.acceptance if a.workload == workload), key=lambda a: a.k)
+    if not found:
+        raise KeyError(f"the profile has no acceptance for workload {workload!r}; it has "
+                       f"{', '.join(sorted({a.workload for a in profile.acceptance})) or 'none'}")
+    a = next((x for x in found if x.k == k), found[-1])
+    return alpha_from_acceptance(a.rate, a.k)

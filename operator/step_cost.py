@@ -1,0 +1,159 @@
+"""What one engine step costs: a measured profile when there is one, the roofline otherwise.
+
+A `StepCost` answers the time of a decode/verify step and of a mixed (chunked-prefill) step; every
+sizing question in `perfmodel` and `capacity` is asked of one. The protocol and the roofline live in
+`perfmodel` (the layer below, whose `(model, cal, ...)` shorthands need the roofline) and are
+re-exported here.
+
+- `perfmodel.Roofline`: the formula over the model's shape and a calibration (BW_eff, FLOPS_eff,
+  t_fixed); what every accelerator without a profile plans with.
+- `ProfileCost`: the fits T = a + b.tokens + c.tokens.context per step kind of an engine profile
+  (`specfleet engine profile`, `specfleet.engine.profile_model`), times a per-kind scale that the
+  control loop refines online from the engines' step times (`refine`).
+
+`CostSource` says which one a service model uses and how well it fits: `status.calibration`.
+Pure and torch-free.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from specfleet.engine.profile_model import Profile, StepFit
+from specfleet.operator.perfmodel import Roofline, StepCost
+
+__all__ = ["CostSource", "ObservedStep", "ProfileCost", "Roofline", "StepCost", "fit_error", "planned_source",
+           "predicted", "profile_cost", "refine"]
+
+ROOFLINE, PROFILE, ONLINE = "roofline", "profile", "online"
+SCALE_BOUND = 5.0       # an online scale stays within [1 / bound, bound] of the measured profile
+MAX_FIT_ERROR = 0.25    # a step kind's fit with a larger relative RMS error over its own points is not used
+MIN_SECONDS = 1e-6      # a fit's floor: a least-squares intercept may dip below zero
+
+
+@dataclass(frozen=True)
+class CostSource:
+    """Where a service model's step costs come from (`status.calibration`)."""
+
+    source: str = ROOFLINE               # profile | online | roofline
+    profile: str | None = None           # the profile's name (also after online refinement of it)
+    fit_error: float | None = None       # relative RMS against the observed steps (before any: the profile's own)
+    samples: int = 0                     # observed steps behind an online refinement
+    reason: str = ""                     # why the roofline is used, or which of the profile's fits are not
+
+    def as_status(self) -> dict:
+        out = {"source": self.source, "profile": self.profile,
+               "fitError": None if self.fit_error is None else round(self.fit_error, 4), "samples": self.samples}
+        return {**out, "reason": self.reason} if self.reason else out
+
+
+@dataclass(frozen=True)
+class ProfileCost:
+    """Step times from a measured profile's fits, scaled by what the engines were since seen to take."""
+
+    name: str
+    decode: StepFit
+    verify: StepFit | None = None
+    prefill: StepFit | None = None
+    fit_error: float = 0.0               # the profile's own relative RMS over the points of the fits used
+    num_points: int = 0
+    refused: str = ""                    # fits left out for their error, and what prices those steps instead
+    decode_scale: float = 1.0            # online: observed / profile for plain (decode and mixed) steps
+    verify_scale: float = 1.0            # online: the same for speculative steps
+
+    def step(self, batch: int, ctx: int, q: int = 1) -> float:
+        if q > 1 and self.verify is not None:
+            return self.verify_scale * max(self.verify.seconds(batch, ctx, q), MIN_SECONDS)
+        scale = self.decode_scale if q == 1 else self.verify_scale
+        return scale * max(self.decode.seconds(batch, ctx, q), MIN_SECONDS)
+
+    def mixed(self, batch: int, ctx: int, tokens: int) -> float:
+        """The decodes' step plus the prompt tokens' share of a prefill step. A prompt chunk attends to
+        the prompt before it: half of the decode context on average."""
+        prompt = max(tokens - batch, 0)
+        fit = self.prefill or self.decode
+        extra = fit.b * prompt + fit.c * prompt * (ctx // 2)
+        return self.step(batch, ctx, 1) + self.decode_scale * max(extra, 0.0)
+
+
+def profile_cost(profile: Profile, name: str) -> ProfileCost:
+    """The cost of a loaded profile; ValueError when it cannot price a decode step. A verify or prefill
+    fit whose own error exceeds MAX_FIT_ERROR (noisy points: a busy machine) is left out, and the
+    decode fit prices those steps by their tokens."""
+    if "decode" not in profile.fit:
+        raise ValueError(f"profile {name!r} has no decode fit (kinds: {', '.join(sorted(profile.fit)) or 'none'})")
+    decode = profile.fit["decode"]
+    if decode.rel_rms_error > MAX_FIT_ERROR:
+        raise ValueError(f"profile {name!r}: its decode fit is off by {decode.rel_rms_error:.0%} (relative RMS) "
+                         f"over its own points, above {MAX_FIT_ERROR:.0%}")
+    fits = {kind: f for kind, f in profile.fit.items() if f.rel_rms_error <= MAX_FIT_ERROR}
+    noisy = [f"{kind} ({f.rel_rms_error:.0%})" for kind, f in sorted(profile.fit.items()) if kind not in fits]
+    points = sum(f.num_points for f in fits.values())
+    error = math.sqrt(sum(f.rel_rms_error ** 2 * f.num_points for f in fits.values()) / max(points, 1))
+    refused = (f"fits with a relative RMS error above {MAX_FIT_ERROR:.0%} not used, their steps priced by the "
+               f"decode fit: {', '.join(noisy)}"
+               if noisy else "")
+    return ProfileCost(name, decode, fits.get("verify"), fits.get("prefill"), fit_error=error, num_points=points,
+                       refused=refused)
+
+
+def planned_source(cost: ProfileCost | None, reason: str = "") -> CostSource:
+    """The source of a freshly planned service: the profile's own fit error, or the roofline and why."""
+    if cost is None:
+        return CostSource(ROOFLINE, reason=reason or "no profile for this model and accelerator")
+    return CostSource(PROFILE, cost.name, cost.fit_error, 0, cost.refused)
+
+
+@dataclass(frozen=True)
+class ObservedStep:
+    """The mean step of one batch bucket: `batch` sequences of `q` tokens, `extra` prompt tokens."""
+
+    batch: int
+    q: int
+    extra: int
+    seconds: float
+    weight: float                        # steps behind the mean
+
+
+def predicted(cost: StepCost, s: ObservedStep, ctx: int) -> float:
+    """The cost's time of an observed step: its decode/verify part plus its prompt tokens."""
+    base = cost.step(s.batch, ctx, s.q)
+    if s.extra <= 0:
+        return base
+    return base + cost.mixed(s.batch, ctx, s.batch + s.extra) - cost.step(s.batch, ctx, 1)
+
+
+def fit_error(cost: StepCost, steps: Sequence[ObservedStep], ctx: int) -> float | None:
+    """Relative RMS of the cost against observed steps, weighted by their counts (None: no steps)."""
+    total = sum(s.weight for s in steps)
+    if total <= 0:
+        return None
+    square = sum(s.weight * ((predicted(cost, s, ctx) - s.seconds) / s.seconds) ** 2 for s in steps)
+    return math.sqrt(square / total)
+
+
+def refine(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int, blend: float) -> ProfileCost:
+    """The profile with its per-kind scales moved `blend` of the way (in log space) toward the ratio of
+    observed to predicted step time, bounded to [1 / SCALE_BOUND, SCALE_BOUND]; kinds without evidence
+    keep their scale."""
+    plain = [s for s in steps if s.q == 1]
+    speculative = [s for s in steps if s.q > 1]
+    return replace(cost, decode_scale=_moved(cost.decode_scale, _ratio(cost, plain, ctx), blend),
+                   verify_scale=_moved(cost.verify_scale, _ratio(cost, speculative, ctx), blend))
+
+
+def _ratio(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int) -> float | None:
+    """Weighted geometric mean of observed / predicted (None: no evidence)."""
+    total = sum(s.weight for s in steps)
+    if total <= 0:
+        return None
+    logs = sum(s.weight * math.log(s.seconds / predicted(cost, s, ctx)) for s in steps)
+    return math.exp(logs / total)
+
+
+def _moved(scale: float, ratio: float | None, blend: float) -> float:
+    if ratio is None:
+        return scale
+    value = scale * ratio ** blend
+    return min(max(value, 1 / SCALE_BOUND), SCALE_BOUND)

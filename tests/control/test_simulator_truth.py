@@ -1,0 +1,142 @@
+"""The simulator's truth is an engine profile, never the controller's roofline; the closed-loop trace
+replay reports per phase; the speculation policies differ on a fixed fleet."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from specfleet.engine import profile_model as P
+from specfleet.operator import perfmodel as pm
+from specfleet.operator.catalogs import NO_PROFILES
+from specfleet.operator.simulator import fleet as F, replay, run, scenarios, truth as T
+from specfleet.operator.simulator.trace import Phase, Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_SPEC = yaml.safe_load((ROOT / "manifests/examples/smollm2-cpu.yaml").read_text())["spec"]
+
+
+def profile(decode_a: float = 0.08, per_token: float = 0.004, verify_a: float = 0.16,
+            copy_rate: float = 0.55, open_rate: float = 0.3) -> P.Profile:
+    """A SmolLM2-on-CPU-like profile: decode T = a + b x tokens, verify dearer per step."""
+    fit = {"decode": P.StepFit(decode_a, per_token, 0.0, 0.0, 4),
+           "verify": P.StepFit(verify_a, per_token, 0.0, 0.0, 4),
+           "prefill": P.StepFit(0.05, 0.0025, 0.0, 0.0, 4)}
+    acceptance = [P.Acceptance("copy-heavy", 4, 1000, round(1000 * copy_rate)),
+                  P.Acceptance("open-ended", 4, 1000, round(1000 * open_rate))]
+    return P.Profile("smollm2-135m", "cpu", "float32", {}, "", "test", [], fit, acceptance)
+
+
+def _decoded(prof: P.Profile, cal: pm.Calibration | None = None) -> float:
+    """Tokens one pod's 10 running sequences decode in 1 s with `prof` as the truth."""
+    spec, plan, model, truth = run.setup_spec(replay.service_spec(CPU_SPEC, "off"), prof, NO_PROFILES)
+    if cal is not None:
+        model = replace(model, cal=cal, prior=cal)
+    fleet = F.SimulatedFleet(model, truth, spec.slo.prompt_tokens, 0.0, 1, 10_000, np.random.default_rng(0))
+    fleet.add_pods(1, 0.0, 0, ready_now=True)
+    n = 10
+    fleet.req = {"rep": np.zeros(n), "start": np.zeros(n), "arrival": np.zeros(n), "pleft": np.zeros(n),
+                 "oleft": np.full(n, 1000.0), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1000.0)}
+    fleet._advance(0.0, 1.0, 0.0)
+    return float(1000.0 - fleet.req["oleft"][0])
+
+
+def test_the_simulated_step_time_comes_from_the_profile():
+    base = _decoded(profile())
+    assert base == pytest.approx(1.0 / (0.08 + 0.004 * 10), rel=1e-6)      # 1 s / T(10) of the decode fit
+    assert _decoded(profile(per_token=0.008)) == pytest.approx(1.0 / (0.08 + 0.008 * 10), rel=1e-6)
+
+
+def test_the_controllers_roofline_calibration_does_not_change_the_truth():
+    slow = pm.Calibration(bw_eff=1e8, flops_eff=1e9, t_fixed=1.0)
+    assert _decoded(profile(), slow) == _decoded(profile())
+
+
+def test_a_speculative_step_costs_the_verify_fit_at_k_plus_one_tokens_per_sequence():
+    truth = T.ProfileTruth(profile(), ctx=300, chunk=64)
+    steps = truth.step(np.array([4, 4, 4]), np.array([0, 3, 0]), np.array([False, False, True]))
+    assert steps[0] == pytest.approx(0.08 + 0.004 * 4)
+    assert steps[1] == pytest.approx(0.16 + 0.004 * 16)
+    assert steps[2] == pytest.approx(max(0.08 + 0.016, 0.05 + 0.0025 * 64))   # a mixed step prefills a chunk
+
+
+def test_the_shipped_gpu_profile_says_it_is_derived_not_measured():
+    path = T.find_profile("llama-3.1-8b", "nvidia-h100-80gb")
+    assert path is not None
+    assert json.loads(path.read_text())["derived"].startswith("from published figures")
+    _spec, _plan, _model, truth = run.setup(scenarios.steady())
+    assert truth.source.startswith("from published figures")
+
+
+def test_a_service_without_a_profile_is_a_clear_error():
+    with pytest.raises(FileNotFoundError, match="no engine profile for llama-8b on no-such-gpu"):
+        T.truth_for("llama-8b", "no-such-gpu", 1000, 512, None)
+
+
+def test_acceptance_comes_from_the_profiles_workload():
+    p = profile(copy_rate=0.55, open_rate=0.3)
+    assert T.acceptance_alpha(p, "copy-heavy") > T.acceptance_alpha(p, "open-ended") > 0
+    with pytest.raises(KeyError, match="no acceptance for workload 'chat'"):
+        T.acceptance_alpha(p, "chat")
+
+
+TRACE = Trace(phases=(Phase("few", "copy-heavy", 40.0, 2, 2), Phase("many", "copy-heavy", 40.0, 14, 14),
+                      Phase("open", "open-ended", 30.0, 4, 4)), max_tokens=48)
+
+
+def test_the_trace_replay_reports_every_phase_and_its_batch_follows_the_clients():
+    r = replay.replay(TRACE, CPU_SPEC, profile(), replay.ReplayConfig(mode="off"), NO_PROFILES)
+    assert list(r["phases"]) == ["few", "many", "open"]
+    few, many = r["phases"]["few"], r["phases"]["many"]
+    for ph in r["phases"].values():
+        assert {"throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "batch_mean",
+                "speculation_on_share"} <= set(ph) and ph["requests"] > 0
+    assert 1.5 <= few["batch_mean"] <= 2.0 and 8 <= many["batch_mean"] <= 14     # some wait for prefill
+    assert many["throughput_tok_s"] > 2 * few["throughput_tok_s"]
+    assert many["itl_p50_ms"] > few["itl_p50_ms"] and r["phases"]["open"]["speculation_on_share"] == 0
+
+
+def test_the_replay_controller_switches_speculation_off_as_the_batch_grows_and_records_why():
+    r = replay.replay(TRACE, CPU_SPEC, profile(), replay.ReplayConfig(mode="auto"), NO_PROFILES)
+    assert r["phases"]["few"]["speculation_on_share"] > r["phases"]["many"]["speculation_on_share"]
+    offs = [s for s in r["switches"] if s["direction"] == "off"]
+    assert offs and all(s["reason"] and s["t"] > 0 for s in r["switches"])
+    on = replay.replay(TRACE, CPU_SPEC, profile(), replay.ReplayConfig(mode="on"), NO_PROFILES)
+    assert on["phases"]["many"]["speculation_on_share"] == 1 and not on["switches"]
+
+
+def test_a_bad_replay_mode_is_an_error():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        replay.ReplayConfig(mode="sometimes")
+
+
+def test_on_a_fixed_fleet_past_its_capacity_the_speculation_policies_differ():
+    sc = scenarios.adjusted(scenarios.steady(), duration=240, load=2.0)
+    on, off, auto = (run.simulate(sc, p, fixed_replicas=4) for p in ("spec-always-on", "spec-always-off", "specfleet"))
+    assert on["goodput"] < 0.9 * off["goodput"]
+    assert auto["goodput"] >= 0.97 * off["goodput"] and auto["speculation_switches"] >= 1
+    assert auto["series"][-1]["speculation"] is False
+
+
+def test_the_replay_controller_starts_from_the_roofline_and_learns_online():
+    _spec, _plan, model, _truth = run.setup_spec(replay.service_spec(CPU_SPEC, "off"), profile(), NO_PROFILES)
+    ramp = Trace(phases=(Phase("ramp", "copy-heavy", 120.0, 1, 16),), max_tokens=48)
+    # 15 s windows: a refit needs MIN_STEPS steps in each of two batch buckets, more than 5 s of ~0.2 s steps hold
+    r = replay.replay(ramp, CPU_SPEC, profile(), replay.ReplayConfig(mode="off", interval_s=15.0, dwell_s=30.0),
+                      NO_PROFILES)
+    prior = {"bw_eff": model.prior.bw_eff, "flops_eff": model.prior.flops_eff, "t_fixed": model.prior.t_fixed}
+    assert r["calibration"] != prior
+
+
+def test_a_fit_that_misses_its_points_is_replaced_by_the_decode_fit_and_says_so():
+    p = profile()
+    p.fit["prefill"] = replace(p.fit["prefill"], rel_rms_error=0.98)
+    truth = T.ProfileTruth(p, ctx=300, chunk=64)
+    mixed = truth.step(np.array([4]), np.array([0]), np.array([True]))[0]
+    assert mixed == pytest.approx(0.08 + 0.004 * 64)                  # the decode fit over the chunk's tokens
+    assert truth.notes == ["prefill fit error 98% > 50%: prefill steps priced by the decode fit over the same tokens"]
+    assert T.ProfileTruth(profile(), ctx=300, chunk=64).notes == []

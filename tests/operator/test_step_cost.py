@@ -1,0 +1,173 @@
+"""Step costs: the planner sizes from a measured profile when one exists, from the roofline otherwise."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from cost_profiles import CPU_FITS, cpu_catalog, cpu_cost, cpu_profile, write_profile, write_text
+
+from specfleet.engine.profile_model import StepFit, save
+from specfleet.operator import capacity, catalogs, planner
+from specfleet.operator import perfmodel as pm
+from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, read_catalog
+from specfleet.operator.step_cost import ObservedStep, fit_error, profile_cost, refine
+
+CPU = {"model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m"}, "accelerator": {"type": "cpu", "count": 1},
+       "runtime": {"engine": "specfleet"},
+       "slo": {"ttftP99Ms": 2000, "itlP99Ms": 200, "maxContextTokens": 2048, "promptTokens": 256,
+               "outputTokens": 128, "requestsPerSecond": 0.3},
+       "speculation": {"mode": "auto", "method": "ngram", "maxSpeculativeTokens": 4},
+       "autoscaling": {"minReplicas": 1, "maxReplicas": 2}}
+
+
+def test_profile_cost_prices_decode_verify_and_mixed_steps_from_its_fits():
+    cost = cpu_cost()
+    d, v, p = CPU_FITS["decode"], CPU_FITS["verify"], CPU_FITS["prefill"]
+    assert cost.step(8, 300) == pytest.approx(d.a + d.b * 8 + d.c * 8 * 300)
+    assert cost.step(8, 300, q=5) == pytest.approx(v.a + v.b * 40 + v.c * 40 * 300)
+    # 8 decodes plus 56 prompt tokens attending to half the context on average
+    assert cost.mixed(8, 300, 64) == pytest.approx(cost.step(8, 300) + p.b * 56 + p.c * 56 * 150)
+
+
+def test_planner_sizes_from_the_profile_of_the_model_and_accelerator(make_spec, gpus, models):
+    spec = make_spec(**CPU)
+    roofline = planner.plan(spec, gpus, models)
+    measured = planner.plan(spec, gpus, models, cpu_catalog())
+    assert measured.calibration.source == "profile" and measured.calibration.profile == "smollm2-135m--cpu"
+    assert measured.calibration.fit_error == pytest.approx(cpu_cost().fit_error)
+    assert roofline.calibration.source == "roofline" and roofline.profile is None
+    # The hand-made profile's steps are slower than the cpu catalog entry's roofline: fewer sequences fit the ITL.
+    assert measured.max_num_seqs < roofline.max_num_seqs
+    assert measured.predicted.tokens_per_second_per_replica < roofline.predicted.tokens_per_second_per_replica
+    model = capacity.service_model(spec, measured, gpus, models)
+    assert model.cost is measured.profile and model.calibration == measured.calibration
+
+
+def test_a_gpu_entry_without_a_profile_plans_exactly_as_before(make_spec, gpus, models):
+    spec = make_spec()
+    assert planner.plan(spec, gpus, models, cpu_catalog()) == planner.plan(spec, gpus, models, NO_PROFILES)
+    model = capacity.service_model(spec, planner.plan(spec, gpus, models, cpu_catalog()), gpus, models)
+    assert model.cost == pm.Roofline(model.shape, model.cal)
+
+
+def test_a_profile_is_found_by_the_model_source_when_the_name_differs(make_spec, gpus, models):
+    spec = make_spec(**{**CPU, "model": {"name": "chat", "source": "builtin:smollm2-135m"}})
+    assert planner.plan(spec, gpus, models, cpu_catalog()).calibration.source == "profile"
+
+
+def test_the_packaged_catalogue_reads_a_profile_file(tmp_path, make_spec, gpus, models):
+    write_profile(tmp_path)
+    catalog = read_catalog(tmp_path)
+    result = planner.plan(make_spec(**CPU), gpus, models, catalog)
+    assert result.profile == cpu_cost()
+
+
+@pytest.mark.parametrize("text, says", [("{not json", "unusable"), ('{"version": 9}', "version 9"),
+                                        ('{"version": 1, "model": "m"}', "malformed")])
+def test_a_bad_profile_file_plans_on_the_roofline_and_says_why(tmp_path, make_spec, gpus, models, text, says):
+    write_text(tmp_path, text)
+    result = planner.plan(make_spec(**CPU), gpus, models, read_catalog(tmp_path))
+    assert isinstance(result, planner.Plan) and result.profile is None
+    assert result.calibration.source == "roofline"
+    assert "smollm2-135m--cpu.json" in result.calibration.reason and says in result.calibration.reason
+    assert result == replace(planner.plan(make_spec(**CPU), gpus, models), calibration=result.calibration)
+
+
+def test_a_profile_without_a_decode_fit_is_refused(tmp_path, make_spec, gpus, models):
+    profile = cpu_profile()
+    profile.fit.pop("decode")
+    save(profile, tmp_path / "smollm2-135m--cpu.json")
+    result = planner.plan(make_spec(**CPU), gpus, models, read_catalog(tmp_path))
+    assert result.calibration.source == "roofline" and "no decode fit" in result.calibration.reason
+
+
+def test_the_speculation_threshold_comes_from_the_profile(make_spec, gpus, models):
+    spec = make_spec(**CPU)
+    roofline = planner.plan(spec, gpus, models).predicted.max_batch_for_speculation
+    measured = planner.plan(spec, gpus, models, cpu_catalog()).predicted.max_batch_for_speculation
+    assert measured != roofline
+    # A verify pass whose tokens cost more makes speculation stop paying at a smaller batch.
+    v = CPU_FITS["verify"]
+    dearer = planner.plan(spec, gpus, models, cpu_catalog(verify=replace(v, b=1.5 * v.b)))
+    assert 1 <= dearer.predicted.max_batch_for_speculation < measured
+    cheaper = planner.plan(spec, gpus, models, cpu_catalog(verify=replace(v, b=0.6 * v.b)))
+    assert cheaper.predicted.max_batch_for_speculation > measured
+
+
+def test_the_threshold_is_the_largest_batch_where_the_profile_says_speculation_pays():
+    cost = cpu_cost()
+    alpha = 0.6
+    mbs = pm.max_batch_for_speculation_of(cost, 300, alpha, 4)
+    assert pm.best_k_of(cost, mbs, 300, alpha, 4) > 0 and pm.best_k_of(cost, mbs + 1, 300, alpha, 4) == 0
+
+
+def test_refinement_moves_each_step_kind_toward_what_was_observed():
+    cost = cpu_cost()
+    plain = ObservedStep(16, 1, 0, 1.5 * cost.step(16, 300), 100)
+    verify = ObservedStep(8, 5, 0, 0.8 * cost.step(8, 300, 5), 100)
+    refined = refine(cost, [plain, verify], 300, blend=0.5)
+    assert refined.decode_scale == pytest.approx(1.5 ** 0.5)
+    assert refined.verify_scale == pytest.approx(0.8 ** 0.5)
+    assert fit_error(refined, [plain, verify], 300) < fit_error(cost, [plain, verify], 300)
+
+
+def test_without_a_verify_fit_a_verify_step_is_priced_by_the_decode_fit():
+    cost = replace(cpu_cost(), verify=None)
+    d = CPU_FITS["decode"]
+    assert cost.step(4, 100, q=3) == pytest.approx(d.a + d.b * 12 + d.c * 12 * 100)
+
+
+def test_a_negative_intercept_never_prices_a_step_at_zero_or_less():
+    cost = replace(cpu_cost(), decode=StepFit(a=-1.0, b=0.001, c=0.0, rel_rms_error=0.1, num_points=3))
+    assert cost.step(1, 10) > 0
+
+
+def test_the_shipped_catalogue_loads_without_errors():
+    catalog = catalogs.profiles()
+    assert all(entry.cost is not None for entry in catalog.entries.values()), catalog.entries
+
+
+def test_the_break_even_batch_is_where_speculating_at_k_stops_beating_plain_decoding():
+    cost, alpha, k = cpu_cost(), 0.7, 4
+    b = pm.break_even_batch(cost, 200, alpha, k)
+    assert 1 < b < 4096
+    assert pm.goodput_of(cost, b * 0.99, 200, alpha, k) > pm.goodput_of(cost, b * 0.99, 200, alpha, 0)
+    assert pm.goodput_of(cost, b * 1.01, 200, alpha, k) < pm.goodput_of(cost, b * 1.01, 200, alpha, 0)
+    assert pm.break_even_batch(cost, 200, 0.0, k) == 0.0
+
+
+def test_a_noisy_verify_fit_is_left_out_and_the_decode_fit_prices_verification(make_spec, gpus, models):
+    noisy = replace(CPU_FITS["verify"], b=1.0, rel_rms_error=1.3)
+    cost = cpu_cost(verify=noisy)
+    d = CPU_FITS["decode"]
+    assert cost.verify is None and cost.step(4, 100, q=5) == pytest.approx(d.a + d.b * 20 + d.c * 20 * 100)
+    result = planner.plan(make_spec(**CPU), gpus, models, cpu_catalog(verify=noisy))
+    assert result.calibration.source == "profile" and "verify (130%)" in result.calibration.reason
+
+
+def test_a_profile_whose_decode_fit_is_noisy_is_refused(tmp_path, make_spec, gpus, models):
+    profile = cpu_profile(decode=replace(CPU_FITS["decode"], rel_rms_error=0.6))
+    with pytest.raises(ValueError, match="decode fit is off by 60%"):
+        profile_cost(profile, "p")
+    save(profile, tmp_path / "smollm2-135m--cpu.json")
+    result = planner.plan(make_spec(**CPU), gpus, models, read_catalog(tmp_path))
+    assert result.calibration.source == "roofline" and "off by 60%" in result.calibration.reason
+
+
+def test_specfleet_plan_prints_the_calibration_source_and_fit_error(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from specfleet.cli.main import app
+
+    example = Path(__file__).parents[2] / "manifests/examples/smollm2-cpu.yaml"
+    out = CliRunner().invoke(app, ["plan", "-f", str(example), "-o", "yaml"])
+    assert out.exit_code == 0, out.output
+    shipped = yaml.safe_load(out.output)["calibration"]
+    assert shipped["source"] == "profile" and shipped["profile"] == "smollm2-135m--cpu" and shipped["fitError"] < 0.25
+    table = CliRunner().invoke(app, ["plan", "-f", str(example)], env={"COLUMNS": "200"})
+    assert f"profile smollm2-135m--cpu, fit error {shipped['fitError']:.1%}" in table.output
+    gpu = Path(__file__).parents[2] / "manifests/examples/llama-70b-chat.yaml"
+    assert "roofline (no profile for this model and accelerator)" in CliRunner().invoke(
+        app, ["plan", "-f", str(gpu)], env={"COLUMNS": "200"}).output

@@ -54,6 +54,7 @@ import yaml
 from speculation import COPY_TASKS, OPEN_TASKS   # benchmarks/speculation.py: the same prompt sets
 
 from specfleet.operator.control.speculation import SpeculationPolicy
+from specfleet.operator.control.window import Histogram, quantile
 from specfleet.operator.simulator.trace import SIM_TO_REAL, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -333,19 +334,8 @@ def percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
-def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """Prometheus' histogram_quantile over cumulative (le, count) pairs."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lo_le, lo_count = 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if le == float("inf"):
-                return lo_le
-            return lo_le + (le - lo_le) * ((rank - lo_count) / (count - lo_count) if count > lo_count else 1.0)
-        lo_le, lo_count = le, count
-    return lo_le
+def itl_histogram(sample: Sample) -> Histogram:
+    return Histogram(tuple(le for le, _ in sample.itl_buckets), tuple(count for _, count in sample.itl_buckets))
 
 
 def between(samples: list[Sample], start: float, end: float) -> tuple[Sample, Sample] | None:
@@ -369,15 +359,15 @@ def span_figures(requests: list[Request], samples: list[Sample], start: float, e
     seconds = end - start
     pair = between(samples, start, end)
     count = delta(pair, "specfleet:batch_size_count")
-    itl = ([(le, b - a) for (le, b), (_, a) in zip(pair[1].itl_buckets, pair[0].itl_buckets)]
-           if pair and len(pair[0].itl_buckets) == len(pair[1].itl_buckets) else [])
+    itl = (itl_histogram(pair[1]).minus(itl_histogram(pair[0]))
+           if pair and len(pair[0].itl_buckets) == len(pair[1].itl_buckets) else None)
     states = [s.speculating for s in samples if start <= s.t < end and s.speculating is not None]
     ms = lambda v: None if v is None else round(v * 1000, 1)                      # noqa: E731
     return {"throughput_tok_s": round(sum(r.tokens for r in ended) / seconds, 2),
             "goodput_tok_s": round(sum(r.tokens for r in good) / seconds, 2),
             "ttft_p50_ms": ms(percentile([r.ttft_s for r in ended if r.ttft_s is not None], 0.5)),
             "ttft_p99_ms": ms(percentile([r.ttft_s for r in ended if r.ttft_s is not None], 0.99)),
-            "itl_p50_ms": ms(histogram_quantile(itl, 0.5)), "itl_p99_ms": ms(histogram_quantile(itl, 0.99)),
+            "itl_p50_ms": ms(quantile(itl, 0.5)), "itl_p99_ms": ms(quantile(itl, 0.99)),
             "tpot_p50_ms": ms(percentile([r.tpot_s for r in ended if r.tpot_s is not None], 0.5)),
             "tpot_p99_ms": ms(percentile([r.tpot_s for r in ended if r.tpot_s is not None], 0.99)),
             "batch_mean": round(delta(pair, "specfleet:batch_size_sum") / count, 2) if count else None,

@@ -62,14 +62,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_specfleet(model: str, logdir: Path, name: str = "specfleet", env: dict | None = None) -> Contender:
+def start_specfleet(model: str, logdir: Path) -> Contender:
     port = free_port()
-    log = logdir / f"{name}.log"
+    log = logdir / "specfleet.log"
     cmd = [str(Path(sys.executable).parent / "specfleet"), "engine", "serve", "--model", model,
            "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    return Contender(name, f"http://127.0.0.1:{port}", proc, log)
+    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return Contender("specfleet", f"http://127.0.0.1:{port}", proc, log)
 
 
 def start_vllm(venv: Path, model: str, logdir: Path) -> Contender:

@@ -10,10 +10,15 @@ Writes benchmarks/results/speculation.json (the operator's performance model can
 It then compares, per workload, where speculation stops paying: measured (the batch where the
 speed-up crosses 1, interpolated in log batch between measured batches, per repeat: median and
 spread) against predicted (`perfmodel.break_even_batch` of the step cost the operator plans with,
-at the workload's measured acceptance and k): the measured profile of SmolLM2-135M on CPU from the
+at the workload's measured acceptance, draft share and k): the measured profile of SmolLM2-135M on CPU from the
 profile catalogue (or `--profile FILE`) and, for reference, the cpu catalogue entry's roofline.
 
-    python benchmarks/speculation.py [--batches 1 4 16 64] [--max-tokens 64] [--methods ngram draft]
+With `--steady STEPS` each batch is held steady (a request that ends is replaced at once by the next
+prompt; prefix caching off) and off/on alternate on the same running batch, STEPS timed steps each: the
+steady state a serving replica and the controller see, without the tail of a fixed batch whose
+sequences end at different times. Its rows also carry the measured draft share.
+
+    python benchmarks/speculation.py [--batches 1 4 16 64] [--max-tokens 64] [--methods ngram draft] [--steady 40]
 """
 from __future__ import annotations
 
@@ -101,6 +106,75 @@ def measure(llm, tasks, batch: int, k: int, max_tokens: int, c: float, repeats: 
             "context": prompt_tokens + max_tokens / 2}
 
 
+class SteadyBatch:
+    """`batch` sequences kept running: a request that ends is replaced at once by the next prompt, so every
+    step runs at the batch (as a serving replica at that concurrency does, and as the controller sees it),
+    without the tail of a fixed batch whose sequences end at different times."""
+
+    def __init__(self, llm, prompts: list[str], batch: int, max_tokens: int) -> None:
+        from specfleet.engine import SamplingParams
+
+        self.engine, self.prompts, self.next = llm.engine, prompts, 0
+        self.params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        for _ in range(batch):
+            self._add()
+
+    def _add(self) -> None:
+        self.engine.add_request(f"steady-{self.next}", self.prompts[self.next % len(self.prompts)], self.params)
+        self.next += 1
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            for out in self.engine.step():
+                if out.finished:
+                    self._add()
+
+    def close(self) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+
+
+def measure_steady(llm, tasks, batch: int, k: int, max_tokens: int, c: float, repeats: int, steps: int) -> dict:
+    """Tokens/s at a steady batch, speculation off and on alternating on the same running batch (each
+    window after `steps // 2` untimed steps in its mode); drafts and decoding sequence-steps give the share."""
+    prompts = [chat(llm.tokenizer, tasks[i % len(tasks)]) for i in range(max(batch, len(tasks)))]
+    steady = SteadyBatch(llm, prompts, batch, max_tokens)
+    stats = llm.engine.stats
+    speedups, rates = [], {"off": [], "on": []}
+    totals = dict.fromkeys(("drafted", "accepted", "drafts", "seq_steps", "generated"), 0)
+    try:
+        for _ in range(repeats):
+            window = {}
+            for mode in ("off", "on"):
+                llm.set_speculation(enabled=mode == "on", num_speculative_tokens=k)
+                steady.run(steps // 2)
+                before = (stats.generation_tokens, stats.spec_draft_tokens, stats.spec_accepted_tokens,
+                          stats.spec_drafts, stats.spec_decode_seq_steps)
+                start = time.perf_counter()
+                steady.run(steps)
+                window[mode] = (stats.generation_tokens - before[0]) / (time.perf_counter() - start)
+                if mode == "on":
+                    for key, now, then in zip(("drafted", "accepted", "drafts", "seq_steps"),
+                                              (stats.spec_draft_tokens, stats.spec_accepted_tokens, stats.spec_drafts,
+                                               stats.spec_decode_seq_steps), before[1:]):
+                        totals[key] += now - then
+                    totals["generated"] += stats.generation_tokens - before[0]
+                rates[mode].append(window[mode])
+            speedups.append(window["on"] / window["off"])
+    finally:
+        steady.close()
+    alpha = totals["accepted"] / max(1, totals["drafted"])
+    share = totals["drafted"] / max(1, k * totals["seq_steps"])
+    return {"batch": batch, "k": k, "tok_per_s_off": statistics.median(rates["off"]),
+            "tok_per_s_on": statistics.median(rates["on"]), "speedup": statistics.median(speedups),
+            "acceptance_rate": alpha, "draft_share": share,
+            "mean_accepted_length": 1 + totals["accepted"] / max(1, totals["drafts"]),
+            "predicted_speedup": leviathan(alpha, k, c), "draft_cost_ratio": c, "speedups": speedups,
+            "drafted": totals["drafted"], "accepted": totals["accepted"], "generated": totals["generated"],
+            "seq_steps": totals["seq_steps"],
+            "context": statistics.fmean(len(llm.engine.encode(p)) for p in prompts) + max_tokens / 2}
+
+
 def crossing(batches: list[int], speedups: list[float]) -> float:
     """The batch where the speed-up falls through 1, linear in log batch between measured batches; 0 when
     even the smallest batch does not pay, inf when the largest still does."""
@@ -154,9 +228,12 @@ def break_even_table(rows: list[dict], costs: dict, repeats: int) -> list[dict]:
                "measured_per_repeat": [_number(b) for b in per_repeat],
                "measured_spread": [_number(min(per_repeat)), _number(max(per_repeat))]}
         gain, verify_q = drafting(mine, repeats)
-        row.update(tokens_per_sequence_step=gain, verify_tokens_per_sequence=verify_q)
+        share = min(1.0, (verify_q - 1) / k)        # drafted tokens per k decoding sequence-steps
+        row.update(tokens_per_sequence_step=gain, verify_tokens_per_sequence=verify_q, draft_share=share)
         limit = 4.0 * max(batches)
-        predictions = {name: pm.break_even_batch(cost, ctx, alpha, k, limit=limit) for name, cost in costs.items()}
+        # What the controller computes: its cost at the measured acceptance and draft share.
+        predictions = {name: pm.break_even_batch(cost, ctx, alpha, k, limit=limit, share=share)
+                       for name, cost in costs.items()}
         if "profile" in costs:
             predictions["profile_drafting"] = drafting_break_even(costs["profile"], ctx, gain, verify_q, limit)
         for name, predicted in predictions.items():
@@ -172,6 +249,9 @@ def drafting(rows: list[dict], repeats: int) -> tuple[float, float]:
     """What speculation did per sequence per step, measured: tokens produced, and tokens verified (1 plus
     the drafts). n-gram drafts only where the context has a match, so on open-ended text most steps draft
     nothing and the acceptance of the drafts made overstates the gain (and the cost) of a step."""
+    if all("seq_steps" in r for r in rows):             # steady batches count their decoding sequence-steps
+        steps = sum(r["seq_steps"] for r in rows)
+        return (1 + sum(r["accepted"] for r in rows) / steps, 1 + sum(r["drafted"] for r in rows) / steps)
     generated = sum(r["generated"] for r in rows)
     first = repeats * sum(r["batch"] for r in rows)          # each request's first token came from its prefill
     steps = generated - sum(r["accepted"] for r in rows) - first
@@ -223,6 +303,9 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["ngram", "draft"])
     parser.add_argument("--draft-layers", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steady", type=int, default=0, metavar="STEPS",
+                        help="measure at a steady batch (ended requests replaced at once), STEPS timed engine steps "
+                             "per mode and repeat, instead of generating one fixed batch to the end")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; 1 avoids OpenMP stalls when other processes share the cores "
                              "(match the profile's threads when comparing break-evens)")
@@ -249,12 +332,13 @@ def main() -> None:
     for method in args.methods:
         extra = {"draft_model": str(draft_dir)} if method == "draft" else {}
         llm = LLM(str(target), speculative_method=method, num_speculative_tokens=args.k, num_kv_blocks=4096,
-                  max_num_seqs=max(args.batches), **extra)
+                  max_num_seqs=max(args.batches), enable_prefix_caching=not args.steady, **extra)
         c = draft_cost_ratio(30, args.draft_layers) if method == "draft" else 0.0
         for workload, tasks in (("copy-heavy", COPY_TASKS), ("open-ended", OPEN_TASKS)):
             for batch in args.batches:
                 with console.status(f"{method} {workload} batch {batch}"):
-                    r = measure(llm, tasks, batch, args.k, args.max_tokens, c, args.repeats)
+                    r = (measure_steady(llm, tasks, batch, args.k, args.max_tokens, c, args.repeats, args.steady)
+                         if args.steady else measure(llm, tasks, batch, args.k, args.max_tokens, c, args.repeats))
                 rows.append({"method": method, "workload": workload, **r})
                 console.print(f"{method:5} {workload:10} B={batch:<3} off {r['tok_per_s_off']:7.1f} tok/s  "
                               f"on {r['tok_per_s_on']:7.1f} tok/s  x{r['speedup']:.2f}  "

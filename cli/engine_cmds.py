@@ -165,6 +165,8 @@ def profile(
                                                       "copy-heavy and open-ended sets)."),
     repeats: int = typer.Option(5, help="Timed repeats per point (the median is kept)."),
     warmup: int = typer.Option(2, help="Untimed steps before each point."),
+    passes: int = typer.Option(1, help="Sweeps over the grid; each point is the median of its sweeps (a busy or "
+                                       "drifting machine spreads out over them)."),
     max_tokens: int = typer.Option(64, help="Tokens generated per prompt when measuring acceptance."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
@@ -177,12 +179,13 @@ def profile(
 
     from specfleet.engine import profile_model, profiler
 
-    if max_batch < 1 or max_k < 1 or repeats < 1 or warmup < 0 or max_tokens < 1:
-        raise typer.BadParameter("--max-batch, --max-k, --repeats and --max-tokens must be >= 1, --warmup >= 0")
+    if max_batch < 1 or max_k < 1 or repeats < 1 or passes < 1 or warmup < 0 or max_tokens < 1:
+        raise typer.BadParameter("--max-batch, --max-k, --repeats, --passes and --max-tokens must be >= 1, "
+                                 "--warmup >= 0")
     try:
         spec = profiler.ProfileSpec(
             model=model, batches=profiler.powers_of_two(max_batch), contexts=_int_list(contexts, "--contexts"),
-            max_k=max_k, chunks=_int_list(chunks, "--chunks"), warmup=warmup, repeats=repeats,
+            max_k=max_k, chunks=_int_list(chunks, "--chunks"), warmup=warmup, repeats=repeats, passes=passes,
             prompts=profiler.read_prompts(prompts) if prompts else None, max_tokens=max_tokens,
             device=device, dtype=dtype, threads=threads)
     except (ValueError, OSError) as exc:

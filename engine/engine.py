@@ -186,6 +186,9 @@ class LLMEngine:
         self._drop_unscheduled_drafts(drafted, scheduled)
         if not scheduled.seqs:
             return []
+        decodes = self._decoding(scheduled)           # before verification clears the drafts
+        if self._speculating:
+            self.stats.spec_decode_seq_steps += decodes[0]
         logits, rows = self.runner.execute(scheduled)
         for seq, n in zip(scheduled.seqs, scheduled.num_new_tokens):
             if not seq.spec_token_ids:
@@ -199,7 +202,7 @@ class LLMEngine:
                 self.block_manager.publish(seq)
         duration = time.perf_counter() - start
         self.scheduler.observe_step(duration)
-        self._record(scheduled, bool(verifying), duration)
+        self._record(scheduled, decodes, bool(verifying), duration)
         return outputs
 
     def _drop_unscheduled_drafts(self, drafted: list[Sequence], scheduled: SchedulerOutput) -> None:
@@ -296,11 +299,20 @@ class LLMEngine:
                              seq.output_logprobs if seq.params.logprobs is not None else None,
                              seq.num_cached_tokens, new)
 
-    def _record(self, scheduled: SchedulerOutput, speculating: bool, duration: float) -> None:
-        decodes = sum(1 for s, n in zip(scheduled.seqs, scheduled.num_new_tokens)
-                      if s.num_output_tokens > 0 and n <= 1 + len(s.spec_token_ids))
-        record = StepRecord(duration, len(scheduled.seqs), scheduled.num_batched_tokens, decodes,
-                            scheduled.num_batched_tokens - decodes, speculating)
+    @staticmethod
+    def _decoding(scheduled: SchedulerOutput) -> tuple[int, int]:
+        """(sequences decoding or verifying drafts, the tokens they compute); the rest are prompt tokens."""
+        seqs = tokens = 0
+        for seq, n in zip(scheduled.seqs, scheduled.num_new_tokens):
+            if seq.num_output_tokens > 0 and n <= 1 + len(seq.spec_token_ids):
+                seqs, tokens = seqs + 1, tokens + n
+        return seqs, tokens
+
+    def _record(self, scheduled: SchedulerOutput, decodes: tuple[int, int], speculating: bool,
+                duration: float) -> None:
+        seqs, tokens = decodes
+        record = StepRecord(duration, len(scheduled.seqs), scheduled.num_batched_tokens, seqs,
+                            scheduled.num_batched_tokens - tokens, speculating)
         self.stats.steps += 1
         self.stats.prefix_queried_tokens = self.block_manager.prefix_stats.queried_tokens
         self.stats.prefix_hit_tokens = self.block_manager.prefix_stats.hit_tokens

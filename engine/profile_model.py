@@ -3,9 +3,13 @@
 Pure (numpy only, no torch): the operator can load a profile written by `specfleet engine profile`
 (engine/profiler.py) without importing the engine. Per step kind (decode, verify, prefill) the fit is
 
-    T = a + b * tokens + c * tokens * context        tokens = batch * q
+    T = a + s * batch + b * tokens + c * tokens * context        tokens: computed per step (batch * q)
 
-by least squares, with its relative RMS error on the points it was fitted on.
+by least squares, with its relative RMS error on the points of its kind. Decode and verification are
+fitted together: they share the per-sequence cost s (host work per sequence: scheduling, sampling or
+verification, advancing it, its text), the per-token cost b and the attention cost c, and differ in
+their fixed cost a. A decode step alone cannot tell s from b (tokens = batch); the verification
+points, computing q tokens per sequence, can. Prefill chunks (one sequence) are fitted alone, s = 0.
 """
 from __future__ import annotations
 
@@ -30,6 +34,11 @@ class StepPoint:
     median_s: float
     spread_s: float          # max - min over the repeats
     repeats: int
+    tokens: float | None = None   # mean tokens the timed steps computed (None: batch * q)
+
+    @property
+    def computed(self) -> float:
+        return self.tokens if self.tokens is not None else self.batch * self.q
 
 
 @dataclass(frozen=True)
@@ -39,10 +48,12 @@ class StepFit:
     c: float                 # seconds per token per context token (attention)
     rel_rms_error: float
     num_points: int
+    s: float = 0.0           # seconds per sequence, whatever its q
 
-    def seconds(self, batch: int, context: int, q: int) -> float:
+    def seconds(self, batch: float, context: float, q: float) -> float:
+        """q may be fractional: the mean tokens per sequence of a step where only some sequences draft."""
         tokens = batch * q
-        return self.a + self.b * tokens + self.c * tokens * context
+        return self.a + self.s * batch + self.b * tokens + self.c * tokens * context
 
 
 @dataclass(frozen=True)
@@ -52,10 +63,20 @@ class Acceptance:
     k: int
     draft_tokens: int
     accepted_tokens: int
+    drafts: int | None = None             # sequence-steps that verified a draft
+    decode_seq_steps: int | None = None   # sequence-steps that decoded or verified
 
     @property
     def rate(self) -> float:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def draft_share(self) -> float | None:
+        """Drafted tokens per k decoding sequence-steps: n-gram drafts only where the context has a match,
+        and then maybe fewer than k tokens (None: not measured)."""
+        if not self.decode_seq_steps:
+            return None
+        return self.draft_tokens / (self.k * self.decode_seq_steps)
 
 
 @dataclass
@@ -86,27 +107,58 @@ class Profile:
                "host": self.host, "engine_commit": self.engine_commit, "created": self.created,
                "points": [asdict(p) for p in self.points],
                "fit": {kind: asdict(f) for kind, f in self.fit.items()},
-               "acceptance": [dict(asdict(a), rate=a.rate) for a in self.acceptance]}
+               "acceptance": [dict(asdict(a), rate=a.rate, draft_share=a.draft_share) for a in self.acceptance]}
         return out
 
 
 def fit_steps(points: list[StepPoint]) -> StepFit:
-    """Least-squares a, b, c over the points; the error is relative RMS of the prediction."""
+    """Least-squares a, b, c over the points of one kind; the error is relative RMS of the prediction."""
     if len(points) < 3:
         raise ValueError(f"a fit needs at least 3 points, got {len(points)}")
-    tokens = np.array([p.batch * p.q for p in points], dtype=float)
-    context = np.array([p.context for p in points], dtype=float)
-    measured = np.array([p.median_s for p in points], dtype=float)
+    tokens, context, measured = _columns(points)
     design = np.column_stack([np.ones_like(tokens), tokens, tokens * context])
     coef, *_ = np.linalg.lstsq(design, measured, rcond=None)
-    relative = (design @ coef - measured) / measured
-    return StepFit(float(coef[0]), float(coef[1]), float(coef[2]),
-                   float(math.sqrt(np.mean(relative ** 2))), len(points))
+    return StepFit(float(coef[0]), float(coef[1]), float(coef[2]), _error(design @ coef, measured), len(points))
+
+
+def fit_decode_and_verify(decode: list[StepPoint], verify: list[StepPoint]) -> dict[str, StepFit]:
+    """One least-squares fit over both kinds: shared s, b, c; a fixed cost per kind."""
+    if len(decode) < 3 or len(verify) < 3:
+        raise ValueError(f"a joint fit needs at least 3 points of each kind, got {len(decode)} and {len(verify)}")
+    points = decode + verify
+    tokens, context, measured = _columns(points)
+    batch = np.array([p.batch for p in points], dtype=float)
+    is_verify = np.array([0.0] * len(decode) + [1.0] * len(verify))
+    design = np.column_stack([1 - is_verify, is_verify, batch, tokens, tokens * context])
+    coef, *_ = np.linalg.lstsq(design, measured, rcond=None)
+    predicted = design @ coef
+    n = len(decode)
+    shared = dict(b=float(coef[3]), c=float(coef[4]), s=float(coef[2]))
+    return {"decode": StepFit(float(coef[0]), rel_rms_error=_error(predicted[:n], measured[:n]), num_points=n,
+                              **shared),
+            "verify": StepFit(float(coef[1]), rel_rms_error=_error(predicted[n:], measured[n:]),
+                              num_points=len(verify), **shared)}
+
+
+def _columns(points: list[StepPoint]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    tokens = np.array([p.computed for p in points], dtype=float)
+    context = np.array([p.context for p in points], dtype=float)
+    return tokens, context, np.array([p.median_s for p in points], dtype=float)
+
+
+def _error(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(math.sqrt(np.mean(((predicted - measured) / measured) ** 2)))
 
 
 def fit_profile(points: list[StepPoint]) -> dict[str, StepFit]:
     by_kind = {kind: [p for p in points if p.kind == kind] for kind in STEP_KINDS}
-    return {kind: fit_steps(pts) for kind, pts in by_kind.items() if len(pts) >= 3}
+    if len(by_kind["decode"]) >= 3 and len(by_kind["verify"]) >= 3:
+        fits = fit_decode_and_verify(by_kind["decode"], by_kind["verify"])
+    else:
+        fits = {kind: fit_steps(by_kind[kind]) for kind in ("decode", "verify") if len(by_kind[kind]) >= 3}
+    if len(by_kind["prefill"]) >= 3:
+        fits["prefill"] = fit_steps(by_kind["prefill"])
+    return fits
 
 
 def from_json(data: dict) -> Profile:
@@ -119,7 +171,8 @@ def from_json(data: dict) -> Profile:
             engine_commit=data["engine_commit"], created=data["created"],
             points=[StepPoint(**p) for p in data["points"]],
             fit={kind: StepFit(**f) for kind, f in data["fit"].items()},
-            acceptance=[Acceptance(a["workload"], a["k"], a["draft_tokens"], a["accepted_tokens"])
+            acceptance=[Acceptance(a["workload"], a["k"], a["draft_tokens"], a["accepted_tokens"], a.get("drafts"),
+                                   a.get("decode_seq_steps"))
                         for a in data.get("acceptance", [])])
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed profile: {exc}") from exc

@@ -27,4 +27,7 @@ class EngineStats:
     spec_accepted_by_position: list[int] = field(default_factory=list)
     counterfactual_draft_tokens: int = 0      # n-gram proposals scored while speculation is off
     counterfactual_accepted_tokens: int = 0
+    spec_decode_seq_steps: int = 0            # decoding sequence-steps while speculating (drafted or not)
+    counterfactual_seq_steps: int = 0         # decoding sequence-steps scored while speculation is off
+    counterfactual_guess_seq_steps: int = 0   # ... of which had an n-gram guess standing (would have drafted)
     steps: int = 0

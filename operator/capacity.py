@@ -14,7 +14,7 @@ imports the other.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Protocol
 
@@ -50,17 +50,22 @@ class ServiceModel:
     draft: pm.DraftTime = pm.no_draft_cost
     profile: ProfileCost | None = None          # the measured cost; None: the roofline over `cal`
     calibration: CostSource = CostSource()      # where `cost` comes from and how well it fits
+    draft_share: float = 1.0   # share of decoding sequence-steps that draft (n-gram: those with a match)
 
     @property
     def cost(self) -> pm.StepCost:
         return self.profile if self.profile is not None else pm.Roofline(self.shape, self.cal)
 
     def step(self, batch: float, k: int = 0) -> float:
-        return pm.spec_step_time_of(self.cost, max(1, round(batch)), self.ctx, k, self.draft)
+        return pm.spec_step_time_of(self.cost, max(1, round(batch)), self.ctx, k, self.draft, self.draft_share)
+
+    def tokens_per_step(self, alpha: float, k: int) -> float:
+        """Mean tokens a decoding sequence gains per step at acceptance `alpha` and depth `k`."""
+        return pm.expected_tokens(alpha, k, self.draft_share)
 
     def token_time(self, batch: float, alpha: float, k: int) -> float:
         """Mean time between output tokens of one sequence at `batch` (what the ITL histogram sees)."""
-        return self.step(batch, k) / pm.expected_tokens(alpha, k)
+        return self.step(batch, k) / self.tokens_per_step(alpha, k)
 
     def slo_batch(self, alpha: float = 0.0, k: int = 0) -> int:
         """Largest batch whose mixed step keeps tokens within the ITL target (at most max_num_seqs)."""
@@ -72,7 +77,7 @@ class ServiceModel:
         out = self.output_tokens if output is None else output
         step = max(self.step(batch, k), self.mixed_step(batch))
         prefill = math.ceil(self.prompt_tokens / self.prefill_room(batch, k)) * step
-        return prefill + out * step / pm.expected_tokens(alpha, k)
+        return prefill + out * step / self.tokens_per_step(alpha, k)
 
     def replica_rps(self, utilization: float, alpha: float = 0.0, k: int = 0, output: float | None = None) -> float:
         """Requests/s one replica sustains with at most `utilization` of its SLO batch busy and of its
@@ -111,13 +116,20 @@ class ServiceModel:
     def prefill_room(self, batch: float, k: int = 0) -> int:
         """Prompt tokens a step has room for next to `batch` running sequences: the engine schedules the
         running ones first, each taking its token plus k draft tokens to verify."""
-        return max(self.chunk - max(1, round(batch)) * (k + 1), 1)
+        return max(self.chunk - round(max(1, round(batch)) * (1 + self.draft_share * k)), 1)
 
     def mixed_step(self, batch: float) -> float:
         return self.cost.mixed(max(1, round(batch)), self.ctx, self.chunk)
 
     def best_k(self, batch: float, alpha: float) -> int:
-        return pm.best_k_of(self.cost, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft)
+        return pm.best_k_of(self.cost, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft,
+                            self.draft_share)
+
+    def with_draft_share(self, share: float | None) -> "ServiceModel":
+        """The model at an observed draft share (rounded, so that the sizing caches stay small)."""
+        if share is None:
+            return self
+        return replace(self, draft_share=max(0.05, round(share, 2)))
 
     def max_batch_for_speculation(self, alpha: float) -> int:
         return _mbs(self, round(alpha, 3))
@@ -131,7 +143,7 @@ def _slo_batch(m: ServiceModel, alpha: float, k: int) -> int:
         # When the token budget alone breaks the ITL target (a plan sized for a faster calibration),
         # no batch fixes that: size by plain decode steps instead of collapsing to one sequence.
         mixed = m.mixed_step(b) if k == 0 and mixed_ok else m.step(b, k)
-        return mixed / pm.expected_tokens(alpha, k) <= m.itl_s
+        return mixed / m.tokens_per_step(alpha, k) <= m.itl_s
     if not fits(1):
         return 1
     lo, hi = 1, max(1, m.max_num_seqs)
@@ -164,7 +176,8 @@ def _replica_rps(m: ServiceModel, utilization: float, alpha: float, k: int, outp
 
 @lru_cache(maxsize=1024)
 def _mbs(m: ServiceModel, alpha: float) -> int:
-    return pm.max_batch_for_speculation_of(m.cost, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft)
+    return pm.max_batch_for_speculation_of(m.cost, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft,
+                                           share=m.draft_share)
 
 
 def alpha_from_acceptance(rate: float, k: int) -> float:

@@ -99,7 +99,7 @@ def kv_blocks(pool_bytes: float, block_size: int, kv_per_token: int) -> int:
     return max(0, int(pool_bytes // (block_size * kv_per_token)))
 
 
-def step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, q: int = 1) -> float:
+def step_time(model: ModelShape, cal: Calibration, batch: float, ctx: int, q: float = 1) -> float:
     """Roofline time of one decode step: `batch` sequences at context `ctx`, `q` tokens each."""
     memory = (weights_bytes(model) + batch * ctx * kv_bytes_per_token(model)) / cal.bw_eff
     compute = 2 * model.parameters * batch * q / cal.flops_eff
@@ -116,7 +116,7 @@ def mixed_step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, t
 class StepCost(Protocol):
     """Seconds of one engine step of a replica."""
 
-    def step(self, batch: int, ctx: int, q: int = 1) -> float:
+    def step(self, batch: float, ctx: int, q: float = 1) -> float:
         """`batch` sequences at context `ctx`, `q` tokens each (q = 1 decode, q = k + 1 verify)."""
 
     def mixed(self, batch: int, ctx: int, tokens: int) -> float:
@@ -130,20 +130,22 @@ class Roofline:
     shape: ModelShape
     cal: Calibration
 
-    def step(self, batch: int, ctx: int, q: int = 1) -> float:
+    def step(self, batch: float, ctx: int, q: float = 1) -> float:
         return step_time(self.shape, self.cal, batch, ctx, q)
 
     def mixed(self, batch: int, ctx: int, tokens: int) -> float:
         return mixed_step_time(self.shape, self.cal, batch, ctx, tokens)
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """E[tokens per step] with acceptance `alpha` and depth `k` (k = 0: exactly one token)."""
+def expected_tokens(alpha: float, k: int, share: float = 1.0) -> float:
+    """E[tokens per sequence-step] with acceptance `alpha` and depth `k` (k = 0: exactly one token) when
+    a `share` of the sequence-steps draft (n-gram drafting finds a match only for some; the others
+    decode one token)."""
     if k <= 0:
         return 1.0
     if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+        return 1.0 + share * k
+    return 1.0 + share * ((1.0 - alpha ** (k + 1)) / (1.0 - alpha) - 1.0)
 
 
 DraftTime = Callable[[int], float]   # batch -> seconds for one draft token of every sequence
@@ -165,8 +167,12 @@ def spec_step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, k:
     return spec_step_time_of(Roofline(model, cal), batch, ctx, k, draft)
 
 
-def spec_step_time_of(cost: StepCost, batch: int, ctx: int, k: int, draft: DraftTime = no_draft_cost) -> float:
-    return cost.step(batch, ctx, k + 1) + k * draft(batch)
+def spec_step_time_of(cost: StepCost, batch: int, ctx: int, k: int, draft: DraftTime = no_draft_cost,
+                      share: float = 1.0) -> float:
+    """A `share` of the sequences verify k drafts, the others decode: 1 + share x k tokens each on average."""
+    if k <= 0:
+        return cost.step(batch, ctx, 1)
+    return cost.step(batch, ctx, 1 + share * k) + k * draft(batch)
 
 
 def goodput(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: float, k: int,
@@ -175,8 +181,9 @@ def goodput(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: fl
     return goodput_of(Roofline(model, cal), batch, ctx, alpha, k, draft)
 
 
-def goodput_of(cost: StepCost, batch: int, ctx: int, alpha: float, k: int, draft: DraftTime = no_draft_cost) -> float:
-    return batch * expected_tokens(alpha, k) / spec_step_time_of(cost, batch, ctx, k, draft)
+def goodput_of(cost: StepCost, batch: int, ctx: int, alpha: float, k: int, draft: DraftTime = no_draft_cost,
+               share: float = 1.0) -> float:
+    return batch * expected_tokens(alpha, k, share) / spec_step_time_of(cost, batch, ctx, k, draft, share)
 
 
 def best_k(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: float, max_k: int,
@@ -185,8 +192,9 @@ def best_k(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: flo
     return best_k_of(Roofline(model, cal), batch, ctx, alpha, max_k, draft)
 
 
-def best_k_of(cost: StepCost, batch: int, ctx: int, alpha: float, max_k: int, draft: DraftTime = no_draft_cost) -> int:
-    rates = [goodput_of(cost, batch, ctx, alpha, k, draft) for k in range(max_k + 1)]
+def best_k_of(cost: StepCost, batch: int, ctx: int, alpha: float, max_k: int, draft: DraftTime = no_draft_cost,
+              share: float = 1.0) -> int:
+    rates = [goodput_of(cost, batch, ctx, alpha, k, draft, share) for k in range(max_k + 1)]
     best = max(range(len(rates)), key=lambda k: (rates[k], -k))
     return best if rates[best] > rates[0] * (1 + 1e-9) else 0
 
@@ -198,11 +206,11 @@ def max_batch_for_speculation(model: ModelShape, cal: Calibration, ctx: int, alp
 
 
 def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: int, limit: int = 4096,
-                                 draft: DraftTime = no_draft_cost) -> int:
+                                 draft: DraftTime = no_draft_cost, share: float = 1.0) -> int:
     """The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound),
     so the crossover is found by doubling then bisection."""
     def pays(b: int) -> bool:
-        return best_k_of(cost, b, ctx, alpha, max_k, draft) > 0
+        return best_k_of(cost, b, ctx, alpha, max_k, draft, share) > 0
 
     if max_k <= 0 or not pays(1):
         return 0
@@ -215,12 +223,12 @@ def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: 
 
 
 def break_even_batch(cost: StepCost, ctx: int, alpha: float, k: int, limit: float = 4096.0,
-                     draft: DraftTime = no_draft_cost) -> float:
+                     draft: DraftTime = no_draft_cost, share: float = 1.0) -> float:
     """The (fractional) batch at which speculating at a fixed depth k stops beating not speculating:
     0 when it never pays, `limit` when it still pays there. What a benchmark's measured crossover is
     compared with."""
     def pays(b: float) -> bool:
-        return goodput_of(cost, b, ctx, alpha, k, draft) > goodput_of(cost, b, ctx, alpha, 0, draft)
+        return goodput_of(cost, b, ctx, alpha, k, draft, share) > goodput_of(cost, b, ctx, alpha, 0, draft)
 
     if k <= 0 or not pays(1.0):
         return 0.0

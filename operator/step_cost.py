@@ -62,11 +62,16 @@ class ProfileCost:
     decode_scale: float = 1.0            # online: observed / profile for plain (decode and mixed) steps
     verify_scale: float = 1.0            # online: the same for speculative steps
 
-    def step(self, batch: int, ctx: int, q: int = 1) -> float:
-        if q > 1 and self.verify is not None:
-            return self.verify_scale * max(self.verify.seconds(batch, ctx, q), MIN_SECONDS)
-        scale = self.decode_scale if q == 1 else self.verify_scale
-        return scale * max(self.decode.seconds(batch, ctx, q), MIN_SECONDS)
+    def step(self, batch: float, ctx: int, q: float = 1) -> float:
+        """q may be fractional (only some sequences draft). A step that verifies is never priced below
+        what the decode fit, at its scale, says a forward pass over the same tokens costs: the two fits'
+        online scales move apart, and speculation that looks cheap because one of them is stale is how
+        a controller flaps."""
+        plain = self.decode_scale * max(self.decode.seconds(batch, ctx, q), MIN_SECONDS)
+        if q <= 1 or self.verify is None:
+            return plain if q <= 1 else max(plain, self.verify_scale * max(self.decode.seconds(batch, ctx, q),
+                                                                           MIN_SECONDS))
+        return max(self.verify_scale * max(self.verify.seconds(batch, ctx, q), MIN_SECONDS), plain)
 
     def mixed(self, batch: int, ctx: int, tokens: int) -> float:
         """The decodes' step plus the prompt tokens' share of a prefill step. A prompt chunk attends to

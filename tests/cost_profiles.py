@@ -12,8 +12,10 @@ from specfleet.engine.profile_model import Acceptance, Profile, StepFit
 from specfleet.operator.catalogs.profile_catalog import ProfileCatalog, ProfileEntry
 from specfleet.operator.step_cost import ProfileCost, profile_cost
 
-CPU_FITS = {"decode": StepFit(a=0.030, b=0.0060, c=2.0e-6, rel_rms_error=0.05, num_points=12),
-            "verify": StepFit(a=0.030, b=0.0050, c=2.0e-6, rel_rms_error=0.07, num_points=48),
+# As `fit_profile` fits decode and verification together: shared per-sequence, per-token and attention
+# costs, a fixed cost per kind.
+CPU_FITS = {"decode": StepFit(a=0.030, b=0.0050, c=2.0e-6, rel_rms_error=0.05, num_points=12, s=0.0010),
+            "verify": StepFit(a=0.036, b=0.0050, c=2.0e-6, rel_rms_error=0.07, num_points=48, s=0.0010),
             "prefill": StepFit(a=0.030, b=0.0015, c=1.0e-6, rel_rms_error=0.04, num_points=6)}
 
 

@@ -57,6 +57,12 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def reserve(self, num_blocks: int) -> list[int]:
+        """Take blocks out of the pool for good (no sequence owns them): scratch space for a profiler."""
+        if num_blocks > self.num_free_blocks:
+            raise ValueError(f"cannot reserve {num_blocks} blocks, {self.num_free_blocks} are free")
+        return [self._allocate() for _ in range(num_blocks)]
+
     # ---- admission ----------------------------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks covering the longest prefix of `seq`, never including its last token."""

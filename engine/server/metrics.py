@@ -44,6 +44,12 @@ ENGINE_COUNTERS = (
      "N-gram draft tokens proposed and scored while speculation is off (not used for output)."),
     ("specfleet:counterfactual_accepted_tokens", "counterfactual_accepted_tokens",
      "Counterfactual n-gram draft tokens the target model would have accepted."),
+    ("specfleet:spec_decode_seq_steps", "spec_decode_seq_steps",
+     "Decoding sequence-steps while speculation is on, drafted or not (draft tokens / (k x this): the draft share)."),
+    ("specfleet:counterfactual_seq_steps", "counterfactual_seq_steps",
+     "Decoding sequence-steps scored while speculation is off."),
+    ("specfleet:counterfactual_guess_seq_steps", "counterfactual_guess_seq_steps",
+     "Counterfactual sequence-steps with an n-gram guess standing: those that would have drafted."),
     ("specfleet:engine_steps", "steps", "Engine steps that ran the model."),
 )
 

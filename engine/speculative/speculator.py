@@ -116,6 +116,8 @@ class Speculator:
     def observe(self, seq: Sequence, new_tokens: list[int]) -> None:
         """Score the standing n-gram guess against tokens produced without speculation."""
         guess, matched = self._guess.pop(seq.request_id, ([], 0))
+        self.stats.counterfactual_seq_steps += 1
+        self.stats.counterfactual_guess_seq_steps += bool(guess)
         for token in new_tokens:
             if matched < len(guess) and guess[matched] == token:
                 matched += 1

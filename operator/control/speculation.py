@@ -3,7 +3,8 @@ acceptance and load.
 
 The acceptance probability a comes from the window: measured acceptance while on, the engines'
 counterfactual n-gram acceptance while off (both converted from accepted/drafted tokens to the
-per-token probability of the goodput model). The goodput model gives k*(batch, a) and
+per-token probability of the goodput model). So does the draft share: n-gram drafting finds a match
+for only some sequence-steps, and only those verify (and gain) anything. The goodput model gives k*(batch, a) and
 maxBatchForSpeculation(a). Hysteresis on both thresholds: on -> off when the batch exceeds the
 threshold by `batch_hysteresis` or a falls `acceptance_hysteresis` below `minAcceptanceRate`;
 off -> on only when both clear by the same margins. A state is kept at least `dwell_s` (longer for
@@ -85,6 +86,7 @@ def decide(window: Window | None, model: ServiceModel, policy: SpeculationPolicy
         return _hold(state, "MetricsUnavailable", "no batch-size evidence in the window; holding"), state
     batch_per_pod = batch
     alpha = _alpha(window, state)
+    model = model.with_draft_share(_share(window, state))
     if policy.mode == "on":
         return _forced_on(model, policy, state, batch_per_pod, alpha, now)
     load = _load(window, headroom)
@@ -114,6 +116,7 @@ def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPoli
     if not state.enabled or policy.mode != "auto" or window is None or not window.complete:
         return None, state
     alpha = _alpha(window, state)
+    model = model.with_draft_share(_share(window, state))
     costly = costs_replicas(model, policy, _load(window, headroom),
                             policy.min_acceptance if alpha is None else alpha, state.k)
     if not costly:
@@ -127,6 +130,11 @@ def _alpha(window: Window, state: SpeculationState) -> float | None:
     k = window.num_speculative_tokens or state.k or 1
     rate = window.acceptance_rate if state.enabled else window.counterfactual_acceptance_rate
     return None if rate is None else alpha_from_acceptance(rate, k)
+
+
+def _share(window: Window, state: SpeculationState) -> float | None:
+    """Share of decoding sequence-steps that draft: measured while on, the n-gram guesses' while off."""
+    return window.draft_share if state.enabled else window.counterfactual_draft_share
 
 
 def _hold(state: SpeculationState, reason: str, message: str, alpha=None, threshold=None) -> SpeculationDecision:

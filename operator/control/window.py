@@ -20,6 +20,8 @@ PROMPT_TOKENS, GENERATION_TOKENS = "vllm:prompt_tokens", "vllm:generation_tokens
 DRAFTS, DRAFT_TOKENS = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 CF_DRAFT_TOKENS, CF_ACCEPTED_TOKENS = "specfleet:counterfactual_draft_tokens", "specfleet:counterfactual_accepted_tokens"
+SPEC_SEQ_STEPS = "specfleet:spec_decode_seq_steps"
+CF_SEQ_STEPS, CF_GUESS_SEQ_STEPS = "specfleet:counterfactual_seq_steps", "specfleet:counterfactual_guess_seq_steps"
 TTFT, ITL = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
 E2E, ENDED = "vllm:e2e_request_latency_seconds", "vllm:request_success"
 BATCH_SIZE, STEP_TIME = "specfleet:batch_size", "specfleet:step_duration_seconds"
@@ -137,6 +139,8 @@ class Window:
     acceptance_rate: float | None = None             # accepted / drafted tokens while on
     mean_accepted_length: float | None = None        # 1 + accepted tokens per draft
     counterfactual_acceptance_rate: float | None = None
+    draft_share: float | None = None                 # drafted tokens / (k x decoding sequence-steps) while on
+    counterfactual_draft_share: float | None = None  # sequence-steps with an n-gram guess while off
     speculation_enabled: float | None = None         # share of pods with speculation on
     num_speculative_tokens: int | None = None
     steps: tuple[StepStat, ...] = ()
@@ -212,9 +216,25 @@ def build_window(prev: Mapping[str, Scrape], cur: Mapping[str, Scrape], expected
         acceptance_rate=accepted / drafts if drafts and accepted is not None else None,
         mean_accepted_length=1 + accepted / d.counter(DRAFTS) if d.counter(DRAFTS) and accepted is not None else None,
         counterfactual_acceptance_rate=cf_accepted / cf_drafts if cf_drafts and cf_accepted is not None else None,
+        draft_share=_draft_share(drafts, d.counter(SPEC_SEQ_STEPS), _int(_gauge_max(now, SPEC_K))),
+        counterfactual_draft_share=_share(d.counter(CF_GUESS_SEQ_STEPS), d.counter(CF_SEQ_STEPS)),
         speculation_enabled=_gauge_mean(now, SPEC_ENABLED),
         num_speculative_tokens=_int(_gauge_max(now, SPEC_K)),
         steps=d.steps())
+
+
+def _draft_share(draft_tokens: float | None, seq_steps: float | None, k: int | None) -> float | None:
+    """The share of full k-token drafts among decoding sequence-steps: n-gram drafts only where the context
+    has a match, and then maybe fewer than k tokens. With it, share x rate x k (rate: accepted / drafted
+    tokens) is the accepted tokens per sequence-step, and 1 + share x k the tokens a step computes each."""
+    return _share(draft_tokens, None if seq_steps is None or not k else seq_steps * k)
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    """part / whole, within [0, 1]; None without evidence (an engine too old to export `whole`)."""
+    if part is None or not whole:
+        return None
+    return min(1.0, max(0.0, part / whole))
 
 
 class _Deltas:

@@ -3,9 +3,11 @@ times of an engine profile (`truth.ProfileTruth`: measured, or derived and label
 controller's roofline), and drain.
 
 Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the profile's length at
-its current batch (a mixed step while it prefills), so its sequences get dt / T(B, ctx, k+1) steps of
-E[tokens | alpha, k] tokens each, and prompts share what the step's token budget leaves after
-the running sequences' tokens and draft tokens to verify.
+its current batch (a mixed step while it prefills). While it speculates at depth k, a draft `share` of
+its sequence-steps draft k tokens (n-gram drafting finds a match only for some) and the rest decode one,
+so a step computes 1 + share x k tokens per sequence: its sequences get dt / T(B, ctx, 1 + share x k)
+steps of 1 + share x (E[tokens | alpha, k] - 1) tokens each, and prompts share what the step's token
+budget leaves after the running sequences' tokens and draft tokens to verify.
 The gateway (as `cluster/gateway.py`) hands each request on arrival to the ready pod with the fewest
 prompts waiting for prefill, then the fewest held (an endpoint picker that reads the engines' queue
 depth); it holds requests only while no pod is ready. A request stays with its pod: a backlog built
@@ -102,7 +104,8 @@ class SimulatedFleet:
         self.step_seqs = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
         self.step_tokens = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
         self.c = {name: np.zeros(n) for name in (w.PROMPT_TOKENS, w.GENERATION_TOKENS, w.DRAFTS, w.DRAFT_TOKENS,
-                                                 w.ACCEPTED_TOKENS, w.CF_DRAFT_TOKENS, w.CF_ACCEPTED_TOKENS)}
+                                                 w.ACCEPTED_TOKENS, w.CF_DRAFT_TOKENS, w.CF_ACCEPTED_TOKENS,
+                                                 w.SPEC_SEQ_STEPS, w.CF_SEQ_STEPS, w.CF_GUESS_SEQ_STEPS)}
 
     # -- pods ------------------------------------------------------------------------------------
     def add_pods(self, count: int, now: float, k: int, ready_now: bool = False) -> None:
@@ -134,11 +137,13 @@ class SimulatedFleet:
         self.cf_k = max(1, k)
 
     # -- time ------------------------------------------------------------------------------------
-    def tick(self, t0: float, dt: float, rate: float, alpha: float) -> None:
+    def tick(self, t0: float, dt: float, rate: float, alpha: float, share: float = 1.0) -> None:
+        """Advance `dt` seconds: arrivals at `rate`/s, acceptance `alpha`, a draft `share` of the
+        decoding sequence-steps drafting (or, while off, with an n-gram guess standing)."""
         self._now = t0 + dt
         self._arrive(t0, dt, rate)
         self._admit(t0)
-        self._advance(t0, dt, alpha)
+        self._advance(t0, dt, alpha, share)
         live = ~self.removed[:self.n] & (self.created[:self.n] <= t0)
         self.totals.gpu_seconds += dt * self.gpus * int(live.sum())
         empty = self.draining[:self.n] & (np.bincount(self.req["rep"].astype(int), minlength=self.n)[:self.n] == 0)
@@ -216,12 +221,12 @@ class SimulatedFleet:
         free = np.maximum(self.m.max_num_seqs - running, 0)
         return order[~fresh | (rank <= free[pods])]
 
-    def _prefill_rate(self, ids: np.ndarray) -> np.ndarray:
+    def _prefill_rate(self, ids: np.ndarray, share: float = 1.0) -> np.ndarray:
         """Prompt tokens/s each pod prefills next to its running sequences (the engine knows its budget
         and its step time)."""
         active = self._batches()[1][ids]
-        step = self._step_time(active, self.k[ids], np.ones(len(ids), bool))
-        return self._room(active, self.k[ids]) / step
+        step = self._step_time(active, self.k[ids], np.ones(len(ids), bool), share)
+        return self._room(active, self.k[ids], share) / step
 
     def _batches(self) -> tuple[np.ndarray, np.ndarray]:
         """Requests each pod holds, and those of them in the step (prefill started; the rest wait)."""
@@ -231,7 +236,7 @@ class SimulatedFleet:
         active = np.bincount(rep, weights=(r["pleft"] < self.prompt).astype(float), minlength=self.n)
         return held, active
 
-    def _advance(self, t0: float, dt: float, alpha: float) -> None:
+    def _advance(self, t0: float, dt: float, alpha: float, share: float = 1.0) -> None:
         r, t1 = self.req, t0 + dt
         if not len(r["rep"]):
             return
@@ -239,30 +244,30 @@ class SimulatedFleet:
         held, batch = self._batches()
         prefilling = np.bincount(rep, weights=(r["pleft"] > 0).astype(float), minlength=self.n) > 0
         k = self.k[:self.n]
-        step = self._step_time(batch, k, prefilling)
+        step = self._step_time(batch, k, prefilling, share)
         steps = np.where(held > 0, dt / step, 0.0)
-        tokens_per_step = _expected(alpha, k)
+        tokens_per_step = _expected(alpha, k, share)
         tpot = step / tokens_per_step
-        first_at = self._prefill(r, rep, batch, steps, t0, dt)
+        first_at = self._prefill(r, rep, batch, steps, t0, dt, share)
         decode_from = np.where(np.isnan(r["first"]), t1, np.maximum(r["first"], np.maximum(r["start"], t0)))
         toks = np.maximum(t1 - decode_from, 0.0) / tpot[rep]
         toks = np.minimum(toks, np.maximum(r["oleft"], 0))
         r["oleft"] -= toks
         r["worst"] = np.where(toks > 0, np.maximum(r["worst"], tpot[rep]), r["worst"])
-        self._observe(rep, batch, steps, step, tpot, tokens_per_step, k, alpha, toks, first_at)
-        computed = np.maximum(batch * (k + 1), np.where(prefilling, self.m.chunk, 0))
+        self._observe(rep, batch, steps, step, tpot, tokens_per_step, k, alpha, share, toks, first_at)
+        computed = np.maximum(batch * (1 + share * k), np.where(prefilling, self.m.chunk, 0))
         pods = np.flatnonzero(batch > 0)
         bucket, spec = np.searchsorted(BATCH_BOUNDS, batch[pods]), (k[pods] > 0).astype(int)
         self.step_tokens[pods, bucket, spec] += steps[pods] * computed[pods]
         self._finish(r)
 
-    def _prefill(self, r, rep, batch, steps, t0, dt) -> np.ndarray:
+    def _prefill(self, r, rep, batch, steps, t0, dt, share: float = 1.0) -> np.ndarray:
         """Serve prompt tokens from each pod's per-step budget, oldest first; returns new first-token times."""
         idx = np.flatnonzero(r["pleft"] > 0)
         first_at = np.full(len(rep), np.nan)
         if not len(idx):
             return first_at
-        budget = steps * self._room(batch, self.k[:self.n])
+        budget = steps * self._room(batch, self.k[:self.n], share)
         order = self._within_slots(r, rep, self._prefill_order(r, rep, idx, t0, budget / dt), batch)
         if not len(order):
             return first_at
@@ -280,15 +285,16 @@ class SimulatedFleet:
         first_at[done] = r["first"][done]
         return first_at
 
-    def _room(self, batch: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """Prompt tokens per step: the budget the running sequences leave, each taking its token plus k
-        draft tokens to verify (the engine schedules them before waiting prompts)."""
-        return np.maximum(self.m.chunk - batch * (k + 1), 1.0)
+    def _room(self, batch: np.ndarray, k: np.ndarray, share: float = 1.0) -> np.ndarray:
+        """Prompt tokens per step: the budget the running sequences leave, each taking its token plus, a
+        `share` of them, k draft tokens to verify (the engine schedules them before waiting prompts)."""
+        return np.maximum(self.m.chunk - batch * (1 + share * k), 1.0)
 
-    def _step_time(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
-        return self.truth.step(batch, k, prefilling)
+    def _step_time(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray,
+                   share: float = 1.0) -> np.ndarray:
+        return self.truth.step(batch, k, prefilling, share)
 
-    def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, toks, first_at) -> None:
+    def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, share, toks, first_at) -> None:
         pods = np.flatnonzero(batch > 0)
         per_pod = np.bincount(rep, weights=toks, minlength=self.n)
         np.add.at(self.itl_h, (pods, np.searchsorted(ITL_BUCKETS, tpot[pods])), per_pod[pods])
@@ -308,14 +314,22 @@ class SimulatedFleet:
         self.step_s[pods, bucket, spec] += steps[pods] * step[pods]
         self.step_n[pods, bucket, spec] += steps[pods]
         self.step_seqs[pods, bucket, spec] += steps[pods] * batch[pods]
-        drafts = steps[pods] * batch[pods]
-        on = k[pods] > 0
-        self.c[w.DRAFTS][pods[on]] += drafts[on]
-        self.c[w.DRAFT_TOKENS][pods[on]] += drafts[on] * k[pods][on]
-        self.c[w.ACCEPTED_TOKENS][pods[on]] += drafts[on] * (tokens_per_step[pods][on] - 1)
-        off = ~on
-        self.c[w.CF_DRAFT_TOKENS][pods[off]] += drafts[off] * self.cf_k
-        self.c[w.CF_ACCEPTED_TOKENS][pods[off]] += drafts[off] * (pm.expected_tokens(alpha, self.cf_k) - 1)
+        self._count_drafts(pods, steps[pods] * batch[pods], tokens_per_step[pods], k[pods], alpha, share)
+
+    def _count_drafts(self, pods, seq_steps, tokens_per_step, k, alpha: float, share: float) -> None:
+        """The engine's speculation counters for `seq_steps` decoding sequence-steps per pod: while on,
+        a `share` of them drafted k tokens (tokens_per_step - 1 accepted per sequence-step on average);
+        while off, a `share` had an n-gram guess standing, scored at the counterfactual depth."""
+        on, off = pods[k > 0], pods[k <= 0]
+        on_steps, off_steps = seq_steps[k > 0], seq_steps[k <= 0]
+        self.c[w.SPEC_SEQ_STEPS][on] += on_steps
+        self.c[w.DRAFTS][on] += on_steps * share
+        self.c[w.DRAFT_TOKENS][on] += on_steps * share * k[k > 0]
+        self.c[w.ACCEPTED_TOKENS][on] += on_steps * (tokens_per_step[k > 0] - 1)
+        self.c[w.CF_SEQ_STEPS][off] += off_steps
+        self.c[w.CF_GUESS_SEQ_STEPS][off] += off_steps * share
+        self.c[w.CF_DRAFT_TOKENS][off] += off_steps * share * self.cf_k
+        self.c[w.CF_ACCEPTED_TOKENS][off] += off_steps * (pm.expected_tokens(alpha, self.cf_k, share) - 1)
 
     def _finish(self, r) -> None:
         done = (r["oleft"] <= 1e-9) & ~np.isnan(r["first"])
@@ -384,10 +398,10 @@ def _hist(bounds, counts, total) -> w.Histogram:
     return w.Histogram(tuple(bounds), tuple(np.cumsum(counts).tolist()), float(total))
 
 
-def _expected(alpha: float, k: np.ndarray) -> np.ndarray:
-    if alpha >= 1:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+def _expected(alpha: float, k: np.ndarray, share: float = 1.0) -> np.ndarray:
+    """Tokens per sequence-step at depth `k` (vectorized `pm.expected_tokens`): a `share` drafts."""
+    full = k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return share * full + (1 - share)          # = 1 + share x (full - 1), and exactly `full` at share 1
 
 
 def _late(deadlines: np.ndarray, now: float, ahead: float, rate: float, prompt: float) -> np.ndarray:

@@ -6,7 +6,8 @@ send their next request as soon as the last one ends (no think time), prompts of
 length (`ReplayConfig.prompt_tokens`, else the service's `promptTokens`), exactly the trace's
 `max_tokens` out. The replica's step times come from the engine
 profile (`truth.ProfileTruth`); the acceptance of each phase's workload is the profile's measured n-gram
-acceptance for it. The controller is the operator's: one `control.coordinator.interval` per control interval (the
+acceptance for it, and so is its draft share (the share of decoding sequence-steps that draft: n-gram
+drafting finds a match only for some; 1.0 on a profile too old to have measured it). The controller is the operator's: one `control.coordinator.interval` per control interval (the
 speculation controller with the replica count fixed at 1, as with `spec.replicas`) on windows built from the simulated engine's
 metrics, and the calibration refitted online (`control.calibration.recalibrate`) from its step-time
 histograms. The plan and the controller's starting model are the operator's, as under `specfleet up`:
@@ -33,7 +34,7 @@ from specfleet.operator.control.window import build_window
 from specfleet.operator.simulator.fleet import Record, SimulatedFleet
 from specfleet.operator.simulator.run import setup_spec
 from specfleet.operator.simulator.trace import Trace
-from specfleet.operator.simulator.truth import acceptance_alpha
+from specfleet.operator.simulator.truth import acceptance_alpha, acceptance_share
 
 MODES = ("auto", "on", "off")
 
@@ -103,6 +104,7 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
     spec, plan, model, truth = setup_spec(service_spec(cr_spec, cfg.mode), profile, planned)
     k_max = spec.speculation.max_speculative_tokens
     alphas = {p.workload: acceptance_alpha(profile, p.workload, k_max) for p in trace.phases}
+    shares = {p.workload: acceptance_share(profile, p.workload, k_max) for p in trace.phases}
     prompts = {p.workload: (cfg.prompt_tokens or {}).get(p.workload, spec.slo.prompt_tokens) for p in trace.phases}
     fleet = SimulatedFleet(model, truth, prompts[trace.phases[0].workload], 0.0, plan.gpus_per_replica,
                            plan.kv_cache_blocks * plan.block_size, np.random.default_rng(cfg.seed), "deadline")
@@ -123,7 +125,7 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
         fleet.prompt = prompts[phase.workload]
         if missing > 0:
             fleet.submit(np.full(missing, t), np.full(missing, float(trace.max_tokens)))
-        fleet.tick(t, cfg.dt, 0.0, alphas[phase.workload])
+        fleet.tick(t, cfg.dt, 0.0, alphas[phase.workload], shares[phase.workload])
         t += cfg.dt
         ticks.append(_Tick(t, phase.name, clients, bool(fleet.k[0] > 0), float(fleet.batch_sum[0]),
                            float(fleet.batch_steps[0])))
@@ -136,6 +138,7 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
             "truth_notes": truth.notes,
             "prompt_tokens": prompts, "max_tokens": trace.max_tokens, "interval_s": cfg.interval_s,
             "dwell_s": cfg.dwell_s, "max_num_seqs": m.max_num_seqs, "token_budget": m.chunk, "alpha": alphas,
+            "draft_share": shares,
             "phases": {name: _phase(fleet.record, ticks, m, start, end) for name, start, end in trace.bounds()},
             "switches": ctl.switches,
             "calibration": {"bw_eff": m.cal.bw_eff, "flops_eff": m.cal.flops_eff, "t_fixed": m.cal.t_fixed},

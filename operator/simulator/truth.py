@@ -8,7 +8,9 @@ measured) and then in the simulator's own (`operator/simulator/profiles/`, deriv
 figures and labelled so in their `derived` field).
 
 Step kinds as the engine runs them: a decode step (k = 0) costs the profile's decode fit at `batch`
-tokens, a speculative step its verify fit at `batch x (k + 1)` tokens; a step that also prefills
+tokens, a speculative step its verify fit at `batch x (1 + share x k)` tokens, where `share` is the share
+of the sequences that draft k tokens (n-gram drafting finds a match only for some; the others decode one
+token); a step that also prefills
 costs at least the prefill fit of a full chunk (the token budget) at the service's mean context.
 A verify or prefill fit that misses its own points by more than `FIT_LIMIT` (relative RMS) is not
 used: that step is priced by the decode fit at the same number of tokens (one forward pass over them),
@@ -80,11 +82,13 @@ class ProfileTruth:
                 out.append(f"{kind} fit {why}: {kind} steps priced by the decode fit over the same tokens")
         return out
 
-    def step(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
-        """Seconds per step for each pod: `batch` running sequences, depth `k` (0: off), prefilling or not."""
+    def step(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray,
+             share: float | np.ndarray = 1.0) -> np.ndarray:
+        """Seconds per step for each pod: `batch` running sequences, depth `k` (0: off), prefilling or not,
+        a `share` of the sequences drafting k tokens (1 + share x k tokens computed per sequence)."""
         batch, k = np.asarray(batch, float), np.asarray(k, int)
         decode = self.profile.fit["decode"].seconds(batch, self.ctx, 1)
-        verify = self.fit("verify").seconds(batch, self.ctx, k + 1)
+        verify = self.fit("verify").seconds(batch, self.ctx, 1 + np.asarray(share, float) * k)
         step = np.where(k > 0, verify, decode)
         mixed = self.fit("prefill").seconds(1, self.ctx, self.chunk)
         return np.where(prefilling, np.maximum(step, mixed), step)
@@ -115,9 +119,22 @@ def truth_for(model: str, accelerator: str, ctx: int, chunk: int,
 def acceptance_alpha(profile: prof.Profile, workload: str, k: int | None = None) -> float:
     """Per-token acceptance probability of the profile's n-gram measurement for `workload` (the
     speculation model's alpha, from accepted / drafted tokens) at depth `k`, else at the deepest measured."""
+    a = _acceptance(profile, workload, k)
+    return alpha_from_acceptance(a.rate, a.k)
+
+
+def acceptance_share(profile: prof.Profile, workload: str, k: int | None = None) -> float:
+    """Draft share of the profile's n-gram measurement for `workload` (drafted tokens per k decoding
+    sequence-steps) at depth `k`, else at the deepest measured; 1.0 (every sequence-step drafts) for a
+    profile too old to have measured it."""
+    share = _acceptance(profile, workload, k).draft_share
+    return 1.0 if share is None else share
+
+
+def _acceptance(profile: prof.Profile, workload: str, k: int | None) -> prof.Acceptance:
+    """The measurement for `workload` at depth `k`, else at the deepest measured."""
     found = sorted((a for a in profile.acceptance if a.workload == workload), key=lambda a: a.k)
     if not found:
         raise KeyError(f"the profile has no acceptance for workload {workload!r}; it has "
                        f"{', '.join(sorted({a.workload for a in profile.acceptance})) or 'none'}")
-    a = next((x for x in found if x.k == k), found[-1])
-    return alpha_from_acceptance(a.rate, a.k)
+    return next((x for x in found if x.k == k), found[-1])

@@ -112,3 +112,27 @@ def test_ended_requests_count_every_finish_reason_and_running_growth_comes_from_
     latency_only = build_window({"a": _ended(0, 10, 0, 8, False)}, {"a": _ended(5, 50, 10, 18, False)}, 1)
     assert latency_only.finished_per_second == pytest.approx(8.0)      # aborted requests are not in it
     assert build_window({"a": scrape(0)}, {"a": scrape(5)}, 1).finished_per_second is None
+
+
+SPECULATION = """\
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {drafts}
+# TYPE specfleet:num_speculative_tokens gauge
+specfleet:num_speculative_tokens{{model_name="m"}} 2
+# TYPE specfleet:spec_decode_seq_steps counter
+specfleet:spec_decode_seq_steps_total{{model_name="m"}} {seq_steps}
+# TYPE specfleet:counterfactual_seq_steps counter
+specfleet:counterfactual_seq_steps_total{{model_name="m"}} {cf_steps}
+# TYPE specfleet:counterfactual_guess_seq_steps counter
+specfleet:counterfactual_guess_seq_steps_total{{model_name="m"}} {cf_guess}
+"""
+
+
+def test_the_draft_share_is_draft_tokens_per_k_decoding_sequence_steps_on_and_guesses_per_step_off():
+    def at(t, **counts):
+        return parse_exposition(SPECULATION.format(**counts), t)
+    w = build_window({"a": at(0, drafts=10, seq_steps=20, cf_steps=0, cf_guess=0)},
+                     {"a": at(10, drafts=70, seq_steps=120, cf_steps=50, cf_guess=10)}, 1)
+    assert w.draft_share == pytest.approx(0.3) and w.counterfactual_draft_share == pytest.approx(0.2)
+    old = build_window({"a": scrape(0)}, {"a": scrape(10)}, 1)          # an engine without the counters
+    assert old.draft_share is None and old.counterfactual_draft_share is None

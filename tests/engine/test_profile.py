@@ -112,3 +112,35 @@ def test_cli_refuses_bad_flags_with_a_clear_error(tiny_llama, tmp_path, flags, m
     assert result.exit_code == 2
     assert message in result.output
     assert not out.exists()
+
+
+def test_decode_and_verify_are_fitted_together_with_a_cost_per_sequence():
+    """T = a_kind + s.batch + b.tokens + c.tokens.ctx: verification points (q > 1) tell s from b."""
+    s, a_verify = 1.5e-3, 0.009
+
+    def point(kind: str, batch: int, ctx: int, q: int) -> StepPoint:
+        a = A if kind == "decode" else a_verify
+        return StepPoint(kind, batch, ctx, q, a + s * batch + B * batch * q + C * batch * q * ctx, 0.0, 1,
+                         tokens=batch * q)
+    points = [point("decode", b, c, 1) for b in (1, 4, 16) for c in (128, 512)]
+    points += [point("verify", b, c, q) for b in (1, 4, 16) for c in (128, 512) for q in (2, 3, 5)]
+    fits = fit_profile(points)
+    decode, verify = fits["decode"], fits["verify"]
+    assert (decode.a, verify.a) == (pytest.approx(A, rel=1e-6), pytest.approx(a_verify, rel=1e-6))
+    assert decode.s == verify.s == pytest.approx(s, rel=1e-6) and decode.b == pytest.approx(B, rel=1e-6)
+    assert verify.seconds(8, 256, 2.5) == pytest.approx(a_verify + s * 8 + (B + C * 256) * 20, rel=1e-6)
+
+
+def test_a_point_is_fitted_on_the_tokens_its_steps_computed():
+    points = [StepPoint("decode", b, c, 1, A + B * b * 3 + C * b * 3 * c, 0.0, 1, tokens=b * 3)
+              for b in (1, 2, 4, 8) for c in (128, 512)]
+    assert fit_steps(points).b == pytest.approx(B, rel=1e-9)
+
+
+def test_passes_merge_into_the_median_of_their_medians_with_a_spread_covering_their_drift():
+    from specfleet.engine.profiler import merge_passes
+
+    passes = [StepPoint("decode", 4, 128, 1, m, 0.002, 5, tokens=4) for m in (0.040, 0.050, 0.046)]
+    merged = merge_passes(passes)
+    assert merged.median_s == pytest.approx(0.046) and merged.repeats == 15 and merged.tokens == 4
+    assert merged.spread_s == pytest.approx(0.051 - 0.039)

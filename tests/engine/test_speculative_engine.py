@@ -101,3 +101,22 @@ def test_disabled_or_zero_depth_takes_the_plain_path_and_counts_counterfactuals(
     assert stats.spec_drafts == 0
     with pytest.raises(ValueError, match="between 0 and 4"):
         llm.set_speculation(num_speculative_tokens=9)
+
+
+def test_steps_count_verifying_sequences_as_decoding_and_the_draft_share_is_exported(models, mixed_prompts):
+    llm = spec_llm(models, "ngram")
+    records = []
+    llm.engine.step_listeners.append(records.append)
+    prompts = [[5, 6, 7, 8] * 12 for _ in range(4)]                 # repeats: the n-gram drafter finds matches
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    stats = llm.engine.stats
+    verifying = [r for r in records if r.speculating]
+    assert verifying, "no step verified drafts"
+    # A step that only decodes or verifies has no prompt tokens, however many drafts it verified.
+    assert all(r.num_decode_seqs == r.num_seqs and r.num_prefill_tokens == 0 for r in verifying
+               if r.num_tokens > r.num_seqs and r.num_seqs == 4)
+    assert 0 < stats.spec_drafts <= stats.spec_decode_seq_steps
+    assert stats.spec_decode_seq_steps == sum(r.num_decode_seqs for r in records)
+    llm.set_speculation(enabled=False)
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert 0 < stats.counterfactual_guess_seq_steps <= stats.counterfactual_seq_steps

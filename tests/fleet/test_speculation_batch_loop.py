@@ -40,10 +40,10 @@ def auto_run():
     return run
 
 
-# Remove once the controller's batch path leads on this service: on the tree of issue 16 the acceptance
-# of these prompts (0.6-1.0) moves the break-even between ~12 and 4096, and on the overloaded single
-# replica `CostsReplicas` often turns speculation off before the batch crosses (3 of 5 runs failed).
-@pytest.mark.xfail(strict=False, reason="CostsReplicas / acceptance-driven threshold can pre-empt BatchAboveThreshold")
+# Remove once the controller's batch path leads on this service: with the shipped profile the plan caps
+# the batch at 13 sequences while the thresholds at these prompts' acceptance are 26-59 (k = 1), so the
+# batch does not cross, and on the overloaded single replica `CostsReplicas` switches instead.
+@pytest.mark.xfail(strict=False, reason="the planned batch cap (13) stays under the threshold; CostsReplicas switches")
 def test_speculation_goes_off_when_the_batch_rises_and_on_when_it_falls(auto_run):
     switched = auto_run["switches"]
     bounds = {name: (start, end) for name, start, end in SHORT.bounds()}

@@ -24,8 +24,8 @@ CPU = {"model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m"}, "acc
 def test_profile_cost_prices_decode_verify_and_mixed_steps_from_its_fits():
     cost = cpu_cost()
     d, v, p = CPU_FITS["decode"], CPU_FITS["verify"], CPU_FITS["prefill"]
-    assert cost.step(8, 300) == pytest.approx(d.a + d.b * 8 + d.c * 8 * 300)
-    assert cost.step(8, 300, q=5) == pytest.approx(v.a + v.b * 40 + v.c * 40 * 300)
+    assert cost.step(8, 300) == pytest.approx(d.a + d.s * 8 + d.b * 8 + d.c * 8 * 300)
+    assert cost.step(8, 300, q=5) == pytest.approx(v.a + v.s * 8 + v.b * 40 + v.c * 40 * 300)
     # 8 decodes plus 56 prompt tokens attending to half the context on average
     assert cost.mixed(8, 300, 64) == pytest.approx(cost.step(8, 300) + p.b * 56 + p.c * 56 * 150)
 
@@ -104,18 +104,18 @@ def test_the_threshold_is_the_largest_batch_where_the_profile_says_speculation_p
 
 def test_refinement_moves_each_step_kind_toward_what_was_observed():
     cost = cpu_cost()
-    plain = ObservedStep(16, 1, 0, 1.5 * cost.step(16, 300), 100)
-    verify = ObservedStep(8, 5, 0, 0.8 * cost.step(8, 300, 5), 100)
+    plain = ObservedStep(16, 1, 0, 1.2 * cost.step(16, 300), 100)
+    verify = ObservedStep(8, 5, 0, 1.5 * cost.step(8, 300, 5), 100)
     refined = refine(cost, [plain, verify], 300, blend=0.5)
-    assert refined.decode_scale == pytest.approx(1.5 ** 0.5)
-    assert refined.verify_scale == pytest.approx(0.8 ** 0.5)
+    assert refined.decode_scale == pytest.approx(1.2 ** 0.5)
+    assert refined.verify_scale == pytest.approx(1.5 ** 0.5)
     assert fit_error(refined, [plain, verify], 300) < fit_error(cost, [plain, verify], 300)
 
 
 def test_without_a_verify_fit_a_verify_step_is_priced_by_the_decode_fit():
     cost = replace(cpu_cost(), verify=None)
     d = CPU_FITS["decode"]
-    assert cost.step(4, 100, q=3) == pytest.approx(d.a + d.b * 12 + d.c * 12 * 100)
+    assert cost.step(4, 100, q=3) == pytest.approx(d.a + d.s * 4 + d.b * 12 + d.c * 12 * 100)
 
 
 def test_a_negative_intercept_never_prices_a_step_at_zero_or_less():
@@ -141,7 +141,7 @@ def test_a_noisy_verify_fit_is_left_out_and_the_decode_fit_prices_verification(m
     noisy = replace(CPU_FITS["verify"], b=1.0, rel_rms_error=1.3)
     cost = cpu_cost(verify=noisy)
     d = CPU_FITS["decode"]
-    assert cost.verify is None and cost.step(4, 100, q=5) == pytest.approx(d.a + d.b * 20 + d.c * 20 * 100)
+    assert cost.verify is None and cost.step(4, 100, q=5) == pytest.approx(d.a + d.s * 4 + d.b * 20 + d.c * 20 * 100)
     result = planner.plan(make_spec(**CPU), gpus, models, cpu_catalog(verify=noisy))
     assert result.calibration.source == "profile" and "verify (130%)" in result.calibration.reason
 
@@ -171,3 +171,28 @@ def test_specfleet_plan_prints_the_calibration_source_and_fit_error(tmp_path):
     gpu = Path(__file__).parents[2] / "manifests/examples/llama-70b-chat.yaml"
     assert "roofline (no profile for this model and accelerator)" in CliRunner().invoke(
         app, ["plan", "-f", str(gpu)], env={"COLUMNS": "200"}).output
+
+
+def test_a_verification_step_is_never_priced_below_the_decode_fit_over_its_tokens():
+    """The online scales move apart (decode learned while off, verify while on); a stale verify scale
+    must not make speculation look cheap: the floor is the decode fit, at its scale, over the same tokens."""
+    cost = replace(cpu_cost(), decode_scale=3.0, verify_scale=0.5)
+    for batch in (1, 8, 64):
+        assert cost.step(batch, 256, 3) == pytest.approx(3.0 * cost.decode.seconds(batch, 256, 3))
+    by_decode = replace(cost, verify=None, verify_scale=3.0)
+    assert pm.max_batch_for_speculation_of(cost, 256, 0.7, 4) == pm.max_batch_for_speculation_of(by_decode, 256, 0.7, 4)
+    assert pm.max_batch_for_speculation_of(cost, 256, 0.7, 4) < 4096
+
+
+def test_a_draft_share_below_one_lowers_both_the_gain_and_the_cost_of_speculating(make_spec, gpus, models):
+    cost = cpu_cost()
+    assert pm.expected_tokens(0.8, 4, share=0.5) == pytest.approx(1 + 0.5 * (pm.expected_tokens(0.8, 4) - 1))
+    assert pm.spec_step_time_of(cost, 8, 256, 4, share=0.5) < pm.spec_step_time_of(cost, 8, 256, 4)
+    assert pm.spec_step_time_of(cost, 8, 256, 4, share=0.5) == pytest.approx(cost.step(8, 256, 3.0))
+    tokens = 1 + 0.5 * (pm.expected_tokens(0.8, 4) - 1)
+    assert pm.goodput_of(cost, 8, 256, 0.8, 4, share=0.5) == pytest.approx(8 * tokens / cost.step(8, 256, 3.0))
+    spec = make_spec(**CPU)
+    plan = planner.plan(spec, gpus, models, cpu_catalog())
+    model = capacity.service_model(spec, plan, gpus, models).with_draft_share(0.5)
+    assert model.step(8, 4) == pytest.approx(model.cost.step(8, model.ctx, 3.0))
+    assert model.prefill_room(8, 4) == model.chunk - 24

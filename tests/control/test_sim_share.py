@@ -1,0 +1,136 @@
+"""The simulator models the n-gram draft share: only a share of the decoding sequence-steps draft, the
+step prices the tokens they compute, the engine's counters say so, and the trace replay takes the share
+of each workload from the profile."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from specfleet.engine import profile_model as P
+from specfleet.operator import perfmodel as pm
+from specfleet.operator.catalogs import NO_PROFILES
+from specfleet.operator.control.window import build_window
+from specfleet.operator.simulator import fleet as F, replay, run, truth as T
+from specfleet.operator.simulator.trace import Phase, Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_SPEC = yaml.safe_load((ROOT / "manifests/examples/smollm2-cpu.yaml").read_text())["spec"]
+ALPHA, K = 0.6, 4
+
+
+def profile(copy_steps: int | None = 500, open_steps: int | None = 1250) -> P.Profile:
+    """A SmolLM2-on-CPU-like profile whose n-gram measurements drafted 1000 tokens at k = 4 over
+    `copy_steps` / `open_steps` decoding sequence-steps (shares 0.5 and 0.2; None: not measured)."""
+    fit = {"decode": P.StepFit(0.08, 0.004, 0.0, 0.0, 4), "verify": P.StepFit(0.16, 0.004, 0.0, 0.0, 4),
+           "prefill": P.StepFit(0.05, 0.0025, 0.0, 0.0, 4)}
+    acceptance = [P.Acceptance("copy-heavy", K, 1000, 550, 250, copy_steps),
+                  P.Acceptance("open-ended", K, 1000, 300, 250, open_steps)]
+    return P.Profile("smollm2-135m", "cpu", "float32", {}, "", "test", [], fit, acceptance)
+
+
+def _fleet(k: int = K, sequences: int = 10) -> F.SimulatedFleet:
+    """One ready pod at depth `k` (0: off) with `sequences` past prefill that will not finish."""
+    spec, plan, model, truth = run.setup_spec(replay.service_spec(CPU_SPEC, "on"), profile(), NO_PROFILES)
+    fleet = F.SimulatedFleet(model, truth, spec.slo.prompt_tokens, 0.0, 1, 10_000, np.random.default_rng(0))
+    fleet.set_speculation(k > 0, max(k, 1))
+    fleet.add_pods(1, 0.0, k, ready_now=True)
+    n = sequences
+    fleet.req = {"rep": np.zeros(n), "start": np.zeros(n), "arrival": np.zeros(n), "pleft": np.zeros(n),
+                 "oleft": np.full(n, 1e6), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1e6)}
+    return fleet
+
+
+def _run(fleet: F.SimulatedFleet, share: float, t0: float = 0.0, seconds: float = 2.0, dt: float = 0.1) -> float:
+    for i in range(round(seconds / dt)):
+        fleet.tick(t0 + i * dt, dt, 0.0, ALPHA, share)
+    return t0 + seconds
+
+
+def _per_step(fleet: F.SimulatedFleet) -> tuple[float, float]:
+    """(tokens per sequence-step, seconds per step) of pod 0 so far."""
+    tokens = 1e6 - fleet.req["oleft"][0]
+    steps = fleet.batch_steps[0]
+    return tokens / steps, float(fleet.step_s[0].sum() / fleet.step_n[0].sum())
+
+
+def test_a_share_of_drafting_sequences_yields_fewer_tokens_per_step_at_a_cheaper_step():
+    half, full = _fleet(), _fleet()
+    _run(half, 0.5)
+    _run(full, 1.0)
+    (tokens_half, step_half), (tokens_full, step_full) = _per_step(half), _per_step(full)
+    assert tokens_half == pytest.approx(pm.expected_tokens(ALPHA, K, 0.5), rel=1e-6)
+    assert tokens_full == pytest.approx(pm.expected_tokens(ALPHA, K), rel=1e-6)
+    assert tokens_half < tokens_full
+    assert step_half == pytest.approx(0.16 + 0.004 * 10 * (1 + 0.5 * K))      # verify fit at q = 1 + share x k
+    assert step_half < step_full == pytest.approx(0.16 + 0.004 * 10 * (1 + K))
+
+
+def test_the_step_is_priced_at_the_drafted_tokens_per_sequence():
+    truth = T.ProfileTruth(profile(), ctx=300, chunk=64)
+    steps = truth.step(np.array([4, 4, 4]), np.array([0, 4, 4]), np.array([False, False, False]),
+                       np.array([0.5, 0.5, 0.25]))
+    assert steps.tolist() == pytest.approx([0.08 + 0.004 * 4, 0.16 + 0.004 * 12, 0.16 + 0.004 * 8])
+    assert truth.step(np.array([4]), np.array([4]), np.array([False]))[0] == pytest.approx(0.16 + 0.004 * 20)
+
+
+def test_the_prompt_budget_is_what_the_drafting_share_leaves():
+    fleet = _fleet()
+    batch, k = np.array([10.0]), np.array([K])
+    assert fleet._room(batch, k, 0.5)[0] == max(fleet.m.chunk - 10 * (1 + 0.5 * K), 1.0)
+    assert fleet._room(batch, k)[0] == max(fleet.m.chunk - 10 * (1 + K), 1.0)
+
+
+def test_the_scraped_counters_give_the_draft_share_while_on_and_off():
+    fleet = _fleet()
+    prev = fleet.scrape(0.0)
+    t = _run(fleet, 0.5)
+    cur = fleet.scrape(t)
+    on = build_window(prev, cur, expected=1)
+    assert on.draft_share == pytest.approx(0.5) and on.counterfactual_draft_share is None
+    assert on.acceptance_rate == pytest.approx((pm.expected_tokens(ALPHA, K) - 1) / K)
+    assert on.mean_accepted_length == pytest.approx(pm.expected_tokens(ALPHA, K))   # per draft, not per step
+    fleet.set_speculation(False, K)
+    t2 = _run(fleet, 0.5, t)
+    off = build_window(cur, fleet.scrape(t2), expected=1)
+    assert off.counterfactual_draft_share == pytest.approx(0.5) and off.draft_share is None
+    assert off.counterfactual_acceptance_rate == pytest.approx(on.acceptance_rate)
+
+
+def test_every_sequence_step_drafts_at_share_one():
+    fleet = _fleet()
+    prev = fleet.scrape(0.0)
+    t = _run(fleet, 1.0)
+    assert build_window(prev, fleet.scrape(t), expected=1).draft_share == pytest.approx(1.0)
+
+
+def test_the_share_comes_from_the_profiles_workload_and_defaults_to_one():
+    p = profile()
+    assert T.acceptance_share(p, "copy-heavy", K) == pytest.approx(0.5)
+    assert T.acceptance_share(p, "open-ended") == pytest.approx(0.2)
+    assert T.acceptance_share(profile(None, None), "copy-heavy", K) == 1.0
+    with pytest.raises(KeyError, match="no acceptance for workload 'chat'"):
+        T.acceptance_share(p, "chat")
+
+
+TRACE = Trace(phases=(Phase("copy", "copy-heavy", 10.0, 2, 2), Phase("open", "open-ended", 10.0, 2, 2)),
+              max_tokens=32)
+
+
+def test_the_replay_hands_each_phases_profile_share_to_the_fleet(monkeypatch):
+    seen: dict[float, float] = {}
+    tick = F.SimulatedFleet.tick
+
+    def spy(self, t0, dt, rate, alpha, share=1.0):
+        seen[alpha] = share
+        return tick(self, t0, dt, rate, alpha, share)
+
+    monkeypatch.setattr(F.SimulatedFleet, "tick", spy)
+    r = replay.replay(TRACE, CPU_SPEC, profile(), replay.ReplayConfig(mode="on"), NO_PROFILES)
+    assert r["draft_share"] == pytest.approx({"copy-heavy": 0.5, "open-ended": 0.2})
+    assert seen == pytest.approx({r["alpha"]["copy-heavy"]: 0.5, r["alpha"]["open-ended"]: 0.2})
+    seen.clear()
+    old = replay.replay(TRACE, CPU_SPEC, profile(None, None), replay.ReplayConfig(mode="on"), NO_PROFILES)
+    assert old["draft_share"] == {"copy-heavy": 1.0, "open-ended": 1.0} and set(seen.values()) == {1.0}

@@ -109,18 +109,22 @@ def measure(llm, tasks, batch: int, k: int, max_tokens: int, c: float, repeats: 
 class SteadyBatch:
     """`batch` sequences kept running: a request that ends is replaced at once by the next prompt, so every
     step runs at the batch (as a serving replica at that concurrency does, and as the controller sees it),
-    without the tail of a fixed batch whose sequences end at different times."""
+    without the tail of a fixed batch whose sequences end at different times. The first requests stop
+    after 1/batch, 2/batch, ... of `max_tokens`, so that request ends (and the next prompts' prefills)
+    are spread over the steps instead of arriving together every `max_tokens` steps."""
 
     def __init__(self, llm, prompts: list[str], batch: int, max_tokens: int) -> None:
         from specfleet.engine import SamplingParams
 
         self.engine, self.prompts, self.next = llm.engine, prompts, 0
         self.params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        for _ in range(batch):
-            self._add()
+        for i in range(batch):
+            self._add(SamplingParams(temperature=0.0, max_tokens=max(1, max_tokens * (i + 1) // batch),
+                                     ignore_eos=True))
 
-    def _add(self) -> None:
-        self.engine.add_request(f"steady-{self.next}", self.prompts[self.next % len(self.prompts)], self.params)
+    def _add(self, params=None) -> None:
+        self.engine.add_request(f"steady-{self.next}", self.prompts[self.next % len(self.prompts)],
+                                params or self.params)
         self.next += 1
 
     def run(self, steps: int) -> None:
@@ -136,16 +140,20 @@ class SteadyBatch:
 
 def measure_steady(llm, tasks, batch: int, k: int, max_tokens: int, c: float, repeats: int, steps: int) -> dict:
     """Tokens/s at a steady batch, speculation off and on alternating on the same running batch (each
-    window after `steps // 2` untimed steps in its mode); drafts and decoding sequence-steps give the share."""
+    window after `steps // 2` untimed steps in its mode; the first mode alternates between repeats, after
+    `max_tokens` untimed steps that let the batch's request ends spread out); drafts and decoding
+    sequence-steps give the share."""
     prompts = [chat(llm.tokenizer, tasks[i % len(tasks)]) for i in range(max(batch, len(tasks)))]
     steady = SteadyBatch(llm, prompts, batch, max_tokens)
     stats = llm.engine.stats
     speedups, rates = [], {"off": [], "on": []}
     totals = dict.fromkeys(("drafted", "accepted", "drafts", "seq_steps", "generated"), 0)
     try:
-        for _ in range(repeats):
+        llm.set_speculation(enabled=False)
+        steady.run(max_tokens)
+        for repeat in range(repeats):
             window = {}
-            for mode in ("off", "on"):
+            for mode in (("off", "on") if repeat % 2 == 0 else ("on", "off")):
                 llm.set_speculation(enabled=mode == "on", num_speculative_tokens=k)
                 steady.run(steps // 2)
                 before = (stats.generation_tokens, stats.spec_draft_tokens, stats.spec_accepted_tokens,

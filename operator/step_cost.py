@@ -68,10 +68,10 @@ class ProfileCost:
         online scales move apart, and speculation that looks cheap because one of them is stale is how
         a controller flaps."""
         plain = self.decode_scale * max(self.decode.seconds(batch, ctx, q), MIN_SECONDS)
-        if q <= 1 or self.verify is None:
-            return plain if q <= 1 else max(plain, self.verify_scale * max(self.decode.seconds(batch, ctx, q),
-                                                                           MIN_SECONDS))
-        return max(self.verify_scale * max(self.verify.seconds(batch, ctx, q), MIN_SECONDS), plain)
+        if q <= 1:
+            return plain
+        fit = self.verify if self.verify is not None else self.decode
+        return max(self.verify_scale * max(fit.seconds(batch, ctx, q), MIN_SECONDS), plain)
 
     def mixed(self, batch: int, ctx: int, tokens: int) -> float:
         """The decodes' step plus the prompt tokens' share of a prefill step. A prompt chunk attends to

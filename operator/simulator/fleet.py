@@ -221,13 +221,6 @@ class SimulatedFleet:
         free = np.maximum(self.m.max_num_seqs - running, 0)
         return order[~fresh | (rank <= free[pods])]
 
-    def _prefill_rate(self, ids: np.ndarray, share: float = 1.0) -> np.ndarray:
-        """Prompt tokens/s each pod prefills next to its running sequences (the engine knows its budget
-        and its step time)."""
-        active = self._batches()[1][ids]
-        step = self._step_time(active, self.k[ids], np.ones(len(ids), bool), share)
-        return self._room(active, self.k[ids], share) / step
-
     def _batches(self) -> tuple[np.ndarray, np.ndarray]:
         """Requests each pod holds, and those of them in the step (prefill started; the rest wait)."""
         r = self.req

@@ -113,8 +113,8 @@ def test_steps_count_verifying_sequences_as_decoding_and_the_draft_share_is_expo
     verifying = [r for r in records if r.speculating]
     assert verifying, "no step verified drafts"
     # A step that only decodes or verifies has no prompt tokens, however many drafts it verified.
-    assert all(r.num_decode_seqs == r.num_seqs and r.num_prefill_tokens == 0 for r in verifying
-               if r.num_tokens > r.num_seqs and r.num_seqs == 4)
+    full = [r for r in verifying if r.num_tokens > r.num_seqs and r.num_seqs == 4]
+    assert full and all(r.num_decode_seqs == 4 and r.num_prefill_tokens == 0 for r in full)
     assert 0 < stats.spec_drafts <= stats.spec_decode_seq_steps
     assert stats.spec_decode_seq_steps == sum(r.num_decode_seqs for r in records)
     llm.set_speculation(enabled=False)

@@ -265,6 +265,9 @@ def _env(plan: Plan) -> list[dict]:
     return env
 
 
+CPU_WEIGHT_COPIES = 2
+
+
 def resources(plan: Plan) -> dict:
     """GPUs for GPU plans; for `cpu` the host memory holds weights and the KV pool."""
     if plan.gpu_resource:
@@ -273,7 +276,8 @@ def resources(plan: Plan) -> dict:
         return {"requests": {**requests, plan.gpu_resource: str(plan.gpus_per_replica)},
                 "limits": {plan.gpu_resource: str(plan.gpus_per_replica), "memory": requests["memory"]}}
     kv = plan.kv_cache_blocks * plan.block_size * plan.kv_bytes_per_token
-    memory = f"{math.ceil((plan.weights_bytes + kv) / GiB) + 1}Gi"
+    # the CPU engine holds its linears twice: oneDNN-packed and plain, for few-row steps (engine/cpu/linear.py)
+    memory = f"{math.ceil((CPU_WEIGHT_COPIES * plan.weights_bytes + kv) / GiB) + 1}Gi"
     return {"requests": {"cpu": "2", "memory": memory}, "limits": {"memory": memory}}
 
 

@@ -21,8 +21,9 @@ import torch
 from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, TorchPagedAttention
 
 log = logging.getLogger(__name__)
-SOURCES = [Path(__file__).with_name("paged_attention.cpp"), Path(__file__).with_name("fused_ops.cpp")]
-FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary"]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "fused_ops.cpp", "linear_small.cpp")]
+HEADER = Path(__file__).with_name("vec_math.h")
+FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "linear_small"]
 _lock = threading.Lock()
 _module = None
 _error: str | None = None
@@ -38,14 +39,20 @@ def load_kernel():
 
                 build_dir = kernel_build_dir()
                 build_dir.mkdir(parents=True, exist_ok=True)
-                _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[p.read_text() for p in SOURCES],
+                _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[_source(p) for p in SOURCES],
                                       functions=FUNCTIONS, build_directory=str(build_dir),
-                                      extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
+                                      extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
                                       extra_ldflags=["-fopenmp"])
             except Exception as exc:        # no compiler, no ninja, read-only home: fall back, say why
                 _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
                 log.warning("CPU attention kernel unavailable, using the torch path: %s", _error)
         return _module
+
+
+def _source(path: Path) -> str:
+    """The file's text with `vec_math.h` inlined: the extension's hash covers what it includes, so an
+    edit to the header rebuilds it (include guards keep the second copy empty)."""
+    return path.read_text().replace(f'#include "{HEADER.name}"', HEADER.read_text())
 
 
 def kernel_build_dir() -> Path:

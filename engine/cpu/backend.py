@@ -10,12 +10,14 @@ from specfleet.engine.cpu.linear import pack_linears
 
 def prepare_model(model: nn.Module, backend: str) -> None:
     """Packs the linears and, unless the torch reference path was asked for, installs the C++ extension:
-    paged attention and the decoder's fused elementwise steps."""
-    pack_linears(model)
+    paged attention, the decoder's fused elementwise steps and the few-row linear."""
     if backend == "torch":
+        pack_linears(model)
         return
-    if attention.available():
+    kernel = attention.load_kernel()
+    pack_linears(model, kernel)
+    if kernel is not None:
         model.set_attention_backend(attention.CpuPagedAttention)
-        model.set_elementwise(attention.load_kernel())
+        model.set_elementwise(kernel)
     elif backend == "cpu":
         raise RuntimeError("attention backend 'cpu' requested but its kernel does not build; see the log")

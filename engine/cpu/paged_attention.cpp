@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#include "vec_math.h"
 
 namespace {
 
@@ -27,56 +30,123 @@ inline void axpy(float w, const T* v, float* out, int64_t d) {
   for (int64_t x = 0; x < d; ++x) out[x] += w * static_cast<float>(v[x]);
 }
 
+#ifdef SPECFLEET_VEC8
+using specfleet_vec::dot8;
+using specfleet_vec::load8;
+using specfleet_vec::v8f;
+#endif
+
 struct Shape {
   int64_t num_seqs, query_len, q_heads, kv_heads, head_dim, block_size, table_stride;
 };
 
-// One sequence, all heads: row r = token i * q_heads + head; row r sees keys [0, ctx - t + i]. Walking the
-// keys in order reads each block's [block_size, kv_heads, head_dim] slab front to back, which the
-// prefetchers stream; per-head walks would stride through it and wait on memory.
+// Row r = token i * q_heads + head reads KV head (head / group) and sees keys [0, ctx - query_len + i].
+inline int64_t head_offset(const Shape& s, int64_t r) { return ((r % s.q_heads) / (s.q_heads / s.kv_heads)) * s.head_dim; }
+inline int64_t visible_keys(const Shape& s, int64_t r, int64_t ctx) { return ctx - s.query_len + r / s.q_heads + 1; }
+
+// scores[r * stride + pos] = q_r . k_pos for every row and key [0, ctx); `slots[pos]` is where key pos
+// starts in the cache. Keys past a row's causal limit get a score too, which the softmax never reads.
+template <typename T>
+void score_keys(const Shape& s, const float* qf, const T* k_cache, const int64_t* slots, int64_t ctx,
+                int64_t stride, float* scores) {
+  const int64_t d = s.head_dim, rows = s.q_heads * s.query_len;
+#ifdef SPECFLEET_VEC8
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % 8 == 0) {
+      for (int64_t first = 0; first < ctx; first += 8) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* keys[8];
+          for (int j = 0; j < 8; ++j) keys[j] = k_cache + slots[std::min(first + j, ctx - 1)] + head_offset(s, r);
+          const v8f sc = dot8(qf + r * d, keys, d);
+          __builtin_memcpy(scores + r * stride + first, &sc, sizeof sc);
+        }
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t pos = 0; pos < ctx; ++pos)
+    for (int64_t r = 0; r < rows; ++r) scores[r * stride + pos] = dot(qf + r * d, k_cache + slots[pos] + head_offset(s, r), d);
+}
+
+#ifdef SPECFLEET_VEC8
+// out = sum over keys p < count of w[p] * v_p for a head of 8 * C values, the sums held in registers.
+template <int C>
+void weighted_sum(const float* w, const float* v_cache, const int64_t* slots, int64_t count, float* out) {
+  v8f acc[C] = {};
+  for (int64_t p = 0; p < count; ++p) {
+    const float* v = v_cache + slots[p];
+    for (int c = 0; c < C; ++c) acc[c] += w[p] * load8(v + 8 * c);
+  }
+  for (int c = 0; c < C; ++c) __builtin_memcpy(out + 8 * c, &acc[c], sizeof acc[c]);
+}
+#endif
+
+// acc[r] = sum over row r's visible keys of weight * value (weights: the softmax numerators in `scores`).
+template <typename T>
+void weigh_values(const Shape& s, const float* scores, int64_t stride, const T* v_cache, const int64_t* slots,
+                  int64_t ctx, float* acc) {
+  const int64_t d = s.head_dim, rows = s.q_heads * s.query_len;
+#ifdef SPECFLEET_VEC8
+  if constexpr (std::is_same_v<T, float>) {
+    void (*sum)(const float*, const float*, const int64_t*, int64_t, float*) =
+        d == 16 ? weighted_sum<2> : d == 32 ? weighted_sum<4> : d == 64 ? weighted_sum<8>
+        : d == 128 ? weighted_sum<16> : nullptr;
+    if (sum != nullptr) {
+      for (int64_t r = 0; r < rows; ++r)
+        sum(scores + r * stride, v_cache + head_offset(s, r), slots, visible_keys(s, r, ctx), acc + r * d);
+      return;
+    }
+  }
+#endif
+  std::fill(acc, acc + rows * d, 0.f);
+  for (int64_t pos = 0; pos < ctx; ++pos) {
+    const int64_t first_token = std::max<int64_t>(0, pos - (ctx - s.query_len));
+    for (int64_t r = first_token * s.q_heads; r < rows; ++r)
+      axpy(scores[r * stride + pos], v_cache + slots[pos] + head_offset(s, r), acc + r * d, d);
+  }
+}
+
+// Per-thread buffers, reused across the sequences a thread takes.
+struct Scratch {
+  std::vector<float> qf, scores, acc, sums;
+  std::vector<int64_t> slots;
+};
+
+// One sequence, all heads and query tokens: scores, softmax, weighted values. Keys are read in order,
+// each block's [block_size, kv_heads, head_dim] slab front to back, which the prefetchers stream.
 template <typename T>
 void attend_one(const Shape& s, int64_t seq, const T* q, const T* k_cache, const T* v_cache,
-                const int32_t* table, int64_t ctx, float scale, T* out, std::vector<float>& qf,
-                std::vector<float>& scores, std::vector<float>& acc) {
-  const int64_t t = s.query_len, d = s.head_dim, hq = s.q_heads, rows = hq * t, group = hq / s.kv_heads;
-  const int64_t slot_stride = s.kv_heads * d;
-  qf.resize(rows * d);
-  scores.resize(rows * ctx);
-  acc.assign(rows * d, 0.f);
-  const T* q_seq = q + seq * t * hq * d;
-  for (int64_t x = 0; x < rows * d; ++x) qf[x] = static_cast<float>(q_seq[x]) * scale;
-  std::vector<float> maxes(rows, -std::numeric_limits<float>::infinity()), sums(rows, 0.f);
-  int64_t block = 0;
-  const T* k_slot = nullptr;
-  for (int64_t pos = 0; pos < ctx; ++pos) {
-    if (pos % s.block_size == 0) block = table[pos / s.block_size];
-    k_slot = k_cache + (block * s.block_size + pos % s.block_size) * slot_stride;
-    const int64_t first_token = std::max<int64_t>(0, pos - (ctx - t));   // earliest query token seeing pos
-    for (int64_t r = first_token * hq; r < rows; ++r) {
-      const float sc = dot(&qf[r * d], k_slot + ((r % hq) / group) * d, d);
-      scores[r * ctx + pos] = sc;
-      maxes[r] = std::max(maxes[r], sc);
-    }
-  }
+                const int32_t* table, int64_t ctx, float scale, T* out, Scratch& w) {
+  const int64_t d = s.head_dim, rows = s.q_heads * s.query_len, stride = (ctx + 7) / 8 * 8;
+  w.qf.resize(rows * d);
+  w.scores.resize(rows * stride);
+  w.acc.resize(rows * d);
+  w.sums.resize(rows);
+  w.slots.resize(ctx);
+  for (int64_t pos = 0; pos < ctx; ++pos)
+    w.slots[pos] = (table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads * d;
+  const T* q_seq = q + seq * rows * d;
+  for (int64_t x = 0; x < rows * d; ++x) w.qf[x] = static_cast<float>(q_seq[x]) * scale;
+  score_keys<T>(s, w.qf.data(), k_cache, w.slots.data(), ctx, stride, w.scores.data());
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t visible = ctx - t + r / hq + 1;
-    float* row = &scores[r * ctx];
+    const int64_t visible = visible_keys(s, r, ctx);
+    float* row = &w.scores[r * stride];
+    float top = -std::numeric_limits<float>::infinity(), sum = 0.f;
+#pragma omp simd reduction(max : top)
+    for (int64_t pos = 0; pos < visible; ++pos) top = std::max(top, row[pos]);
+#pragma omp simd reduction(+ : sum)
     for (int64_t pos = 0; pos < visible; ++pos) {
-      row[pos] = std::exp(row[pos] - maxes[r]);
-      sums[r] += row[pos];
+      row[pos] = specfleet_vec::exp(row[pos] - top);
+      sum += row[pos];
     }
+    w.sums[r] = sum;
   }
-  for (int64_t pos = 0; pos < ctx; ++pos) {
-    if (pos % s.block_size == 0) block = table[pos / s.block_size];
-    const T* v_slot = v_cache + (block * s.block_size + pos % s.block_size) * slot_stride;
-    const int64_t first_token = std::max<int64_t>(0, pos - (ctx - t));
-    for (int64_t r = first_token * hq; r < rows; ++r)
-      axpy(scores[r * ctx + pos], v_slot + ((r % hq) / group) * d, &acc[r * d], d);
-  }
-  T* out_seq = out + seq * t * hq * d;
+  weigh_values<T>(s, w.scores.data(), stride, v_cache, w.slots.data(), ctx, w.acc.data());
+  T* out_seq = out + seq * rows * d;
   for (int64_t r = 0; r < rows; ++r) {
-    const float inv = 1.f / sums[r];
-    for (int64_t x = 0; x < d; ++x) out_seq[r * d + x] = static_cast<T>(acc[r * d + x] * inv);
+    const float inv = 1.f / w.sums[r];
+    for (int64_t x = 0; x < d; ++x) out_seq[r * d + x] = static_cast<T>(w.acc[r * d + x] * inv);
   }
 }
 
@@ -90,9 +160,9 @@ void attend(const Shape& s, const torch::Tensor& q, const torch::Tensor& k_cache
   const int32_t* ctx = context_lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, s.num_seqs, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf, scores, acc;
+    Scratch scratch;
     for (int64_t seq = begin; seq < end; ++seq)
-      attend_one<T>(s, seq, qp, kp, vp, tables + seq * s.table_stride, ctx[seq], scale, op, qf, scores, acc);
+      attend_one<T>(s, seq, qp, kp, vp, tables + seq * s.table_stride, ctx[seq], scale, op, scratch);
   });
 }
 

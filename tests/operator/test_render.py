@@ -57,11 +57,12 @@ def test_the_builtin_model_runs_on_cpu_without_gpu_resources(make_spec, gpus, mo
     assert "nvidia.com/gpu" not in json.dumps(container["resources"]) and "tolerations" not in pod
 
 
-def test_a_cpu_pod_requests_cores_and_the_memory_of_its_weights_and_kv_pool(make_spec, gpus, models):
+def test_a_cpu_pod_requests_cores_and_the_memory_of_both_copies_of_its_weights_and_its_kv_pool(make_spec, gpus,
+                                                                                              models):
     _, plan, (deploy, _, _) = _render(make_spec, gpus, models, model={"source": "builtin:smollm2-135m"},
                                       accelerator={"type": "cpu"}, slo={"itlP99Ms": 200, "ttftP99Ms": 3000})
     resources = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]
-    footprint = plan.weights_bytes + plan.kv_cache_blocks * plan.block_size * plan.kv_bytes_per_token
+    footprint = 2 * plan.weights_bytes + plan.kv_cache_blocks * plan.block_size * plan.kv_bytes_per_token
     memory_gib = int(resources["requests"]["memory"].removesuffix("Gi"))
     assert footprint / 2**30 < memory_gib <= footprint / 2**30 + 2
     assert resources["requests"]["cpu"] == "2" and resources["limits"]["memory"] == resources["requests"]["memory"]

@@ -1,0 +1,197 @@
+"""The CPU decode path on SmolLM2-135M: this tree's extension against an earlier commit's, one step at a time.
+
+1. Linear layers of SmolLM2 (fp32, hot cache) at 1-32 rows: oneDNN-packed GEMM
+   (`torch.ops.mkldnn._linear_pointwise`) vs the extension's `linear_small`, median microseconds; the
+   `chosen` column is what `engine/cpu/linear.small_rows` picks.
+2. Whole decode steps (`LLMEngine.step`, greedy, 256-token prompts) at each batch, three modes in one
+   process, interleaved two steps at a time so the machine's drift hits all of them:
+   - `against`: the C++ extension (paged attention, fused elementwise steps) built from `--against`'s
+     sources, every linear on the packed GEMM (what that commit ran);
+   - `packed only`: this tree's extension, every linear on the packed GEMM;
+   - `this tree`: this tree's extension and linear dispatch.
+   Each repeat is a fresh process; the table gives the median step over repeats with the min-max of the
+   per-repeat medians, and this tree / against.
+
+    .venv/bin/python benchmarks/cpu_decode_ops.py [--against 6e173fe] [--batches 1 4 8] [--repeats 3]
+        [--steps 60] [--json benchmarks/results/cpu_decode_ops.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+LINEARS = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->3072": (576, 3072),
+           "down 1536->576": (1536, 576), "lm_head 576->49152": (576, 49152)}
+MODES = ("against", "packed only", "this tree")
+OLD_FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary"]
+
+
+def median_us(fn, calls: int, repeats: int = 5) -> float:
+    import time
+
+    for _ in range(max(3, calls // 10)):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def linear_rows(rows_list: list[int]) -> list[dict]:
+    import torch
+
+    from specfleet.engine.cpu.attention import load_kernel
+    from specfleet.engine.cpu.linear import small_rows
+
+    kernel, out = load_kernel(), []
+    with torch.inference_mode():
+        for name, (k, n) in LINEARS.items():
+            weight = torch.randn(n, k)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            for rows in rows_list:
+                x = torch.randn(rows, k)
+                calls = 20 if n > 10000 else 200
+                onednn = median_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), calls)
+                small = median_us(lambda: kernel.linear_small(x, weight, None), calls)
+                out.append({"linear": name, "rows": rows, "onednn_us": onednn, "small_us": small,
+                            "chosen": "small" if small_rows(rows, k) else "onednn"})
+    return out
+
+
+def build_against(commit: str):
+    """The extension as `commit` had it: its paged_attention.cpp and fused_ops.cpp (vec_math.h inlined if
+    that commit has one), built under its own name beside this tree's."""
+    import hashlib
+
+    from torch.utils.cpp_extension import load_inline
+
+    from specfleet.engine.cpu.attention import kernel_build_dir
+
+    def show(path: str) -> str | None:
+        done = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout if done.returncode == 0 else None
+
+    header = show("engine/cpu/vec_math.h") or ""
+    sources = [show(f"engine/cpu/{name}").replace('#include "vec_math.h"', header)
+               for name in ("paged_attention.cpp", "fused_ops.cpp")]
+    tag = hashlib.sha1("".join(sources).encode()).hexdigest()[:10]
+    build_dir = kernel_build_dir().with_name(f"against-{tag}")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return load_inline(name=f"specfleet_cpu_against_{tag}", cpp_sources=sources, functions=OLD_FUNCTIONS,
+                       build_directory=str(build_dir),
+                       extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"])
+
+
+def child(commit: str, batch: int, steps: int) -> None:
+    """One repeat in this process: prints {mode: median step ms}."""
+    import random
+    import threading
+    import time
+
+    import torch
+
+    from specfleet.engine.builtin import ensure_builtin
+    from specfleet.engine.config import EngineConfig
+    from specfleet.engine.cpu.attention import load_kernel
+    from specfleet.engine.cpu.linear import PackedLinear
+    from specfleet.engine.engine import LLMEngine
+    from specfleet.engine.sampling_params import SamplingParams
+    from specfleet.engine.server.serve import load_off_the_main_thread
+
+    config = EngineConfig(model=str(ensure_builtin("smollm2-135m")), dtype="float32", num_kv_blocks=64 * batch + 64)
+    engine, against = load_off_the_main_thread(lambda: (LLMEngine(config), build_against(commit)))
+    model, current = engine.runner.model, load_kernel()
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+
+    def use(mode: str) -> None:
+        ext = against if mode == "against" else current
+        model.set_elementwise(ext)
+        for layer in model.model.layers:
+            layer.self_attn.attend.kernel = ext
+        for linear in linears:
+            linear.kernel = current if mode == "this tree" else None
+
+    rng = random.Random(batch)
+    for i in range(batch):
+        engine.add_request(f"r{i}", [rng.randrange(1000, 40000) for _ in range(256)],
+                           SamplingParams(temperature=0, max_tokens=10**6, ignore_eos=True))
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+
+    def run() -> None:
+        with torch.inference_mode():
+            for _ in range(6):
+                engine.step()
+            for i in range(steps * len(MODES)):
+                mode = MODES[(i // 2) % len(MODES)]
+                use(mode)
+                start = time.perf_counter()
+                engine.step()
+                times[mode].append((time.perf_counter() - start) * 1e3)
+
+    thread = threading.Thread(target=run)      # as the server steps: off the thread that loaded the model
+    thread.start()
+    thread.join()
+    print(json.dumps({mode: statistics.median(t) for mode, t in times.items()}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", default="6e173fe", help="commit whose CPU extension is the baseline")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--linear-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60, help="steps per mode and repeat")
+    parser.add_argument("--json", type=Path, default=RESULTS / "cpu_decode_ops.json")
+    parser.add_argument("--child", nargs=2, metavar=("COMMIT", "BATCH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]), args.steps)
+        return
+    from rich.console import Console
+    from rich.progress import track
+    from rich.table import Table
+
+    console = Console()
+    linears = linear_rows(args.linear_rows)
+    table = Table(title="SmolLM2 linears, hot cache: median us per call")
+    for column in ("linear", "rows", "oneDNN packed", "linear_small", "small / packed", "chosen"):
+        table.add_column(column)
+    for row in linears:
+        table.add_row(row["linear"], str(row["rows"]), f"{row['onednn_us']:.1f}", f"{row['small_us']:.1f}",
+                      f"{row['small_us'] / row['onednn_us']:.2f}", row["chosen"])
+    console.print(table)
+
+    runs: dict[int, list[dict]] = {batch: [] for batch in args.batches}
+    jobs = [(repeat, batch) for repeat in range(args.repeats) for batch in args.batches]
+    for repeat, batch in track(jobs, description="decode steps", console=console):
+        done = subprocess.run([sys.executable, __file__, "--child", args.against, str(batch), "--steps", str(args.steps)],
+                              capture_output=True, text=True, check=True, cwd="/")
+        runs[batch].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    steps = Table(title=f"SmolLM2 decode step ms, 256-token prompts: median (min-max) over {args.repeats} repeats")
+    for column in ("batch", *MODES, "this tree / against"):
+        steps.add_column(column)
+    summary = {}
+    for batch, rows in runs.items():
+        summary[batch] = {mode: {"median": statistics.median(r[mode] for r in rows), "min": min(r[mode] for r in rows),
+                                 "max": max(r[mode] for r in rows)} for mode in MODES}
+        s = summary[batch]
+        steps.add_row(str(batch), *(f"{s[m]['median']:.1f} ({s[m]['min']:.1f}-{s[m]['max']:.1f})" for m in MODES),
+                      f"{s['this tree']['median'] / s['against']['median']:.2f}")
+    console.print(steps)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"config": vars(args) | {"json": str(args.json)}, "linears": linears,
+                                     "steps": summary, "runs": runs}, indent=2) + "\n")
+    console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

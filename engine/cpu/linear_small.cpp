@@ -1,0 +1,46 @@
+// y = x W^T (+ b) for the few rows of a decode step, W row-major [out, in] float32.
+//
+// oneDNN's packed linear (torch.ops.mkldnn._linear_pointwise) costs ~30 us per call before any arithmetic
+// (measured with an 8x8 weight), ~120 calls per SmolLM2 decode step. Here each block of 8 weight rows is
+// read once from memory and dotted with every input row while it sits in L1; blocks are spread over
+// torch's intra-op threads. Memory-bound for one row; for many rows oneDNN's blocked GEMM wins, and the
+// caller picks (`engine/cpu/linear.py`).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "vec_math.h"
+
+torch::Tensor linear_small(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias) {
+#ifdef SPECFLEET_VEC8
+  const bool fits = x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat && x.dim() == 2 &&
+                    x.is_contiguous() && weight.is_contiguous() && weight.size(1) % 8 == 0 &&
+                    weight.size(1) == x.size(1) && weight.size(0) >= 8 &&
+                    (!bias || (bias->scalar_type() == torch::kFloat && bias->is_contiguous()));
+  if (fits) {
+    const int64_t rows = x.size(0), n = weight.size(0), k = weight.size(1), blocks = (n + 7) / 8;
+    auto out = torch::empty({rows, n}, x.options());
+    const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+    const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+    float* op = out.data_ptr<float>();
+    // ~16K multiply-adds per task at least: smaller splits cost more in thread wake-ups than they save
+    const int64_t grain = std::max<int64_t>(1, (1 << 14) / (8 * k * rows));
+    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t first = std::min(b * 8, n - 8);      // the last block overlaps the one before it
+        const float* w_rows[8];
+        for (int j = 0; j < 8; ++j) w_rows[j] = wp + (first + j) * k;
+        for (int64_t r = 0; r < rows; ++r) {
+          specfleet_vec::v8f y = specfleet_vec::dot8(xp + r * k, w_rows, k);
+          if (bp != nullptr) y += specfleet_vec::load8(bp + first);
+          __builtin_memcpy(op + r * n + first, &y, sizeof y);
+        }
+      }
+    });
+    return out;
+  }
+#endif
+  return torch::linear(x, weight, bias);
+}

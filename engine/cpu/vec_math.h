@@ -1,0 +1,77 @@
+// Float math the compiler vectorizes (AVX2, AVX-512, NEON): no libm calls and no branches, so a loop over
+// these under `#pragma omp simd` becomes vector code; and 8-wide dot products in GCC/Clang vector types. `attention.py` inlines this file into each source
+// that includes it, so a change here rebuilds the extension.
+#ifndef SPECFLEET_VEC_MATH_H
+#define SPECFLEET_VEC_MATH_H
+
+#include <cstdint>
+
+namespace specfleet_vec {
+
+// exp(x), within 2 ulp of libm over the float range: Cody-Waite reduction x = n ln2 + r, the Cephes
+// degree-6 polynomial on r, and 2^n built in the exponent bits. Inputs are clamped to where 2^n stays a
+// normal float (exp(-87.3) ~ 1e-38 stands in for 0, exp(88.3) ~ 2e38 for overflow).
+inline float exp(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.3f ? 88.3f : x;
+  // n = round(x / ln2): adding 1.5 * 2^23 leaves the rounded integer in the low mantissa bits
+  const float shifted = x * 1.44269504088896341f + 12582912.f;
+  const float n = shifted - 12582912.f;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (__builtin_bit_cast(int32_t, shifted) - 0x4B400000 + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
+}
+
+// sum of x[i]^2 in eight interleaved partial sums, which the compiler keeps in one vector register.
+inline float sum_squares(const float* x, int64_t n) {
+  float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += x[i + j] * x[i + j];
+  float total = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+  for (; i < n; ++i) total += x[i] * x[i];
+  return total;
+}
+
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SPECFLEET_VEC8 1   // GCC/Clang vector extensions with __builtin_shufflevector
+typedef float v8f __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline v8f pair_sums(v8f a, v8f b) {   // a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7
+  return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) +
+         __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
+}
+
+// q . rows[j] for 8 rows at once (d a multiple of 8): eight independent accumulators keep the FMA units
+// busy, and one shuffle tree reduces all eight instead of a horizontal sum per row.
+inline v8f dot8(const float* q, const float* const* rows, int64_t d) {
+  v8f acc[8] = {};
+  for (int64_t x = 0; x < d; x += 8) {
+    const v8f qv = load8(q + x);
+    for (int j = 0; j < 8; ++j) acc[j] += qv * load8(rows[j] + x);
+  }
+  // rows 0-3 then 4-7, each lane the sum of lanes 0-3 or 4-7 of its row's accumulator
+  const v8f low = pair_sums(pair_sums(acc[0], acc[1]), pair_sums(acc[2], acc[3]));
+  const v8f high = pair_sums(pair_sums(acc[4], acc[5]), pair_sums(acc[6], acc[7]));
+  return __builtin_shufflevector(low, high, 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+#endif
+
+}  // namespace specfleet_vec
+
+#endif  // SPECFLEET_VEC_MATH_H

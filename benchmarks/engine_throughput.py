@@ -2,9 +2,11 @@
 
 Same machine, same random-weight Llama (hidden 512, 4 layers, 8/4 heads, vocab 8192, fp32), same
 workload (64 requests, prompt and output lengths uniform in [16, 256], token ids, greedy, ignore EOS).
-Prints a table of output tokens/s and ratios, and writes benchmarks/results/engine_throughput.json.
+Each engine runs `--repeats` times, the order of the engines alternating between repeats (each run a
+fresh engine; vLLM's start-up excluded); the table gives the median output tokens/s with the min-max,
+and specfleet / engine ratios of the medians. Writes benchmarks/results/engine_throughput.json.
 vLLM runs only where its CPU build is installed in its own venv (see docs/benchmarks.md):
-    python benchmarks/engine_throughput.py [--vllm-python /tmp/vllm-peer/bin/python] [--model smollm2-135m]
+    python benchmarks/engine_throughput.py [--repeats 3] [--vllm-python /tmp/vllm-peer/bin/python] [--model smollm2-135m]
 `--model` runs the same workload on a model folder or the built-in real SmolLM2-135M instead (token ids
 drawn from its vocabulary) and writes engine_throughput_<name>.json.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -131,6 +134,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--vllm-python", default="/tmp/vllm-peer/bin/python")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None, help="model folder or built-in name (default: the random Llama)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; 1 avoids OpenMP stalls when other processes share the cores")
@@ -144,32 +148,36 @@ def main() -> None:
     console = Console()
     model, vocab_size, out_name = _model(args.model)
     work = workload(args.num_requests, args.min_len, args.max_len, vocab_size)
-    results: dict[str, dict | None] = {}
-    with console.status("specfleet"):
-        results["specfleet"] = run_specfleet(model, work)
+    engines = {"specfleet": lambda: run_specfleet(model, work)}
     if not args.skip_transformers:
-        with console.status("transformers generate, static batches of 16"):
-            results["transformers_static16"] = run_transformers(model, work)
-    with console.status("vLLM CPU (start-up excluded)"):
-        results["vllm_cpu"] = run_vllm(args.vllm_python, model, work, args.threads)
-    with console.status("specfleet again (noise check)"):
-        results["specfleet_repeat"] = run_specfleet(model, work)
-
-    ours = (results["specfleet"]["tok_per_s"] + results["specfleet_repeat"]["tok_per_s"]) / 2
+        engines["transformers_static16"] = lambda: run_transformers(model, work)
+    engines["vllm_cpu"] = lambda: run_vllm(args.vllm_python, model, work, args.threads)
+    runs: dict[str, list[dict]] = {name: [] for name in engines}
+    for repeat in range(args.repeats):
+        for name, run in (list(engines.items()) if repeat % 2 == 0 else list(engines.items())[::-1]):
+            with console.status(f"repeat {repeat + 1}/{args.repeats}: {name}"):
+                result = run()
+            if result is not None:
+                runs[name].append(result)
+    rates = {name: [r["tok_per_s"] for r in rs] for name, rs in runs.items() if rs}
+    ours = statistics.median(rates["specfleet"])
     table = Table(title=f"{args.num_requests} requests, lengths {args.min_len}-{args.max_len}, greedy, fp32, "
-                        f"{torch.get_num_threads()} threads")
-    for col in ("engine", "output tok/s", "seconds", "specfleet / engine"):
+                        f"{torch.get_num_threads()} threads, {args.repeats} alternating repeats")
+    for col in ("engine", "output tok/s median (min-max)", "specfleet / engine"):
         table.add_column(col, justify="right")
-    for name, r in results.items():
-        if r is None:
-            table.add_row(name, "not installed", "-", "-")
-        else:
-            table.add_row(name, f"{r['tok_per_s']:.0f}", f"{r['seconds']:.1f}", f"{ours / r['tok_per_s']:.2f}x")
+    for name in engines:
+        if name not in rates:
+            table.add_row(name, "not installed", "-")
+            continue
+        r = rates[name]
+        table.add_row(name, f"{statistics.median(r):.0f} ({min(r):.0f}-{max(r):.0f})",
+                      f"{ours / statistics.median(r):.2f}x")
     console.print(table)
-    console.print(f"KV waste (allocated but unused slots): {results['specfleet']['kv_waste']:.2%}")
-    summary = {"model": args.model or MODEL_SHAPE, "workload": vars(args), "results": results,
-               "specfleet_mean_tok_per_s": ours,
-               "ratios": {k: ours / r["tok_per_s"] for k, r in results.items() if r and not k.startswith("specfleet")}}
+    waste = statistics.median(r["kv_waste"] for r in runs["specfleet"])
+    console.print(f"KV waste (allocated but unused slots), median: {waste:.2%}")
+    summary = {"model": args.model or MODEL_SHAPE, "workload": vars(args), "runs": runs,
+               "median_tok_per_s": {name: statistics.median(r) for name, r in rates.items()},
+               "ratios": {name: ours / statistics.median(r) for name, r in rates.items() if name != "specfleet"}}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / out_name).write_text(json.dumps(summary, indent=2))
 

@@ -18,7 +18,8 @@ torch::Tensor linear_small(torch::Tensor x, torch::Tensor weight, std::optional<
   const bool fits = x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat && x.dim() == 2 &&
                     x.is_contiguous() && weight.is_contiguous() && weight.size(1) % 8 == 0 &&
                     weight.size(1) == x.size(1) && weight.size(0) >= 8 &&
-                    (!bias || (bias->scalar_type() == torch::kFloat && bias->is_contiguous()));
+                    (!bias || (bias->scalar_type() == torch::kFloat && bias->is_contiguous() &&
+                               bias->numel() == weight.size(0)));
   if (fits) {
     const int64_t rows = x.size(0), n = weight.size(0), k = weight.size(1), blocks = (n + 7) / 8;
     auto out = torch::empty({rows, n}, x.options());
@@ -29,13 +30,16 @@ torch::Tensor linear_small(torch::Tensor x, torch::Tensor weight, std::optional<
     const int64_t grain = std::max<int64_t>(1, (1 << 14) / (8 * k * rows));
     at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        const int64_t first = std::min(b * 8, n - 8);      // the last block overlaps the one before it
+        // a last block of fewer than 8 rows is computed as the 8 ending at n and stores only its own outputs
+        const int64_t first = std::min(b * 8, n - 8), skip = b * 8 - first;
         const float* w_rows[8];
         for (int j = 0; j < 8; ++j) w_rows[j] = wp + (first + j) * k;
         for (int64_t r = 0; r < rows; ++r) {
-          specfleet_vec::v8f y = specfleet_vec::dot8(xp + r * k, w_rows, k);
-          if (bp != nullptr) y += specfleet_vec::load8(bp + first);
-          __builtin_memcpy(op + r * n + first, &y, sizeof y);
+          float y[8];
+          specfleet_vec::v8f sums = specfleet_vec::dot8(xp + r * k, w_rows, k);
+          if (bp != nullptr) sums += specfleet_vec::load8(bp + first);
+          __builtin_memcpy(y, &sums, sizeof y);
+          std::copy(y + skip, y + 8, op + r * n + first + skip);
         }
       }
     });

@@ -59,6 +59,25 @@ def test_packed_linear_equals_nn_linear(bias):
     assert packed(x).shape == (3, 5, 80)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8, 40])           # few-row steps take linear_small, the rest oneDNN
+@pytest.mark.parametrize("out_features", [8, 20, 96])     # 20: the last block of 8 overlaps the one before
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_with_the_kernel_equals_nn_linear_at_any_row_count(rows, out_features, bias):
+    linear = nn.Linear(64, out_features, bias=bias)
+    packed = PackedLinear(linear, cpu_attention.load_kernel())
+    x = torch.randn(rows, 64)
+    torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed(x.view(rows, 1, 64)), linear(x).view(rows, 1, -1), atol=1e-5, rtol=1e-5)
+
+
+def test_linear_small_falls_back_to_torch_for_shapes_it_does_not_take():
+    kernel = cpu_attention.load_kernel()
+    for x, weight in ((torch.randn(2, 12), torch.randn(16, 12)),         # in_features not a multiple of 8
+                      (torch.randn(2, 16), torch.randn(5, 16)),          # fewer than 8 outputs
+                      (torch.randn(16, 2).t(), torch.randn(16, 16))):    # a non-contiguous input
+        torch.testing.assert_close(kernel.linear_small(x, weight, None), x @ weight.t())
+
+
 def test_pack_linears_leaves_non_fp32_layers_alone():
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.bfloat16))
     assert pack_linears(model) == 1

@@ -1,6 +1,10 @@
 """The CPU decode path on SmolLM2-135M: this tree's extension against an earlier commit's, one step at a time.
 
-1. Linear layers of SmolLM2 (fp32, hot cache) at 1-32 rows: oneDNN-packed GEMM
+1. Single calls at one decode row of SmolLM2 (hot cache), median microseconds: the decoder's elementwise
+   steps as torch ops (`TorchElementwise`), in `--against`'s extension and in this tree's; paged
+   attention (256-token context) in both extensions; a linear's fixed cost (an 8x8 weight) through
+   oneDNN, `F.linear` and `linear_small`.
+   Linear layers of SmolLM2 (fp32, hot cache) at 1-32 rows: oneDNN-packed GEMM
    (`torch.ops.mkldnn._linear_pointwise`) vs the extension's `linear_small`, median microseconds; the
    `chosen` column is what `engine/cpu/linear.small_rows` picks.
 2. Whole decode steps (`LLMEngine.step`, greedy, 256-token prompts) at each batch, three modes in one
@@ -65,6 +69,42 @@ def linear_rows(rows_list: list[int]) -> list[dict]:
                 out.append({"linear": name, "rows": rows, "onednn_us": onednn, "small_us": small,
                             "chosen": "small" if small_rows(rows, k) else "onednn"})
     return out
+
+
+def single_calls(against) -> list[dict]:
+    """One decode row: (op, implementation, median us)."""
+    import torch
+    import torch.nn.functional as F
+
+    from specfleet.engine.cpu.attention import load_kernel
+    from specfleet.engine.model.llama import TorchElementwise
+
+    current, out = load_kernel(), []
+    gen = torch.Generator().manual_seed(0)
+    x, residual, weight = torch.randn(1, 576, generator=gen), torch.randn(1, 576, generator=gen), torch.randn(576)
+    gate_up = torch.randn(1, 3072, generator=gen)
+    q, k = torch.randn(1, 9, 64, generator=gen), torch.randn(1, 3, 64, generator=gen)
+    cos, sin = torch.randn(1, 1, 64, generator=gen), torch.randn(1, 1, 64, generator=gen)
+    k_cache, v_cache = torch.randn(32, 16, 3, 64, generator=gen), torch.randn(32, 16, 3, 64, generator=gen)
+    table, context = torch.arange(16, dtype=torch.int32).view(1, 16), torch.tensor([256], dtype=torch.int32)
+    w8, x8 = torch.randn(8, 8), torch.randn(1, 8)
+    packed8 = torch.ops.mkldnn._reorder_linear_weight(w8, None)
+    impls = {"torch ops": TorchElementwise, "against": against, "this tree": current}
+    with torch.inference_mode():
+        for name, ops in impls.items():
+            out += [("rms_norm 576", name, median_us(lambda: ops.rms_norm(x, weight, 1e-5), 2000)),
+                    ("add + rms_norm 576", name, median_us(lambda: ops.add_rms_norm(x, residual, weight, 1e-5), 2000)),
+                    ("silu_and_mul 2x1536", name, median_us(lambda: ops.silu_and_mul(gate_up), 2000)),
+                    ("rotary 9+3 heads of 64", name, median_us(lambda: ops.rotary(q, k, cos, sin), 2000))]
+        for name in ("against", "this tree"):
+            kernel = impls[name]
+            out.append(("paged attention, ctx 256", name, median_us(
+                lambda: kernel.paged_attention_short(q, k_cache, v_cache, table, context, 1, 0.125), 2000)))
+        out += [("linear 8x8", "oneDNN packed",
+                 median_us(lambda: torch.ops.mkldnn._linear_pointwise(x8, packed8, None, "none", [], ""), 2000)),
+                ("linear 8x8", "F.linear", median_us(lambda: F.linear(x8, w8), 2000)),
+                ("linear 8x8", "linear_small", median_us(lambda: current.linear_small(x8, w8, None), 2000))]
+    return [{"op": op, "impl": impl, "us": us} for op, impl, us in out]
 
 
 def build_against(commit: str):
@@ -161,6 +201,13 @@ def main() -> None:
     from rich.table import Table
 
     console = Console()
+    calls = single_calls(build_against(args.against))
+    table = Table(title=f"single calls at one decode row, median us (against = {args.against})")
+    for column in ("op", "implementation", "us"):
+        table.add_column(column)
+    for row in calls:
+        table.add_row(row["op"], row["impl"], f"{row['us']:.1f}")
+    console.print(table)
     linears = linear_rows(args.linear_rows)
     table = Table(title="SmolLM2 linears, hot cache: median us per call")
     for column in ("linear", "rows", "oneDNN packed", "linear_small", "small / packed", "chosen"):
@@ -188,7 +235,7 @@ def main() -> None:
                       f"{s['this tree']['median'] / s['against']['median']:.2f}")
     console.print(steps)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"config": vars(args) | {"json": str(args.json)}, "linears": linears,
+    args.json.write_text(json.dumps({"config": vars(args) | {"json": str(args.json)}, "single_calls": calls, "linears": linears,
                                      "steps": summary, "runs": runs}, indent=2) + "\n")
     console.print(f"wrote {args.json}")
 

@@ -3,7 +3,7 @@ what the engine measured.
 
 No engine runs here: it plans `manifests/examples/smollm2-cpu.yaml` twice (the cpu catalogue entry's
 roofline; the shipped profile `operator/catalogs/profiles/smollm2-135m--cpu.json`) and prices the
-served configuration of `benchmarks/results/serving_quiet.json` (32 closed-loop clients, 256
+served configuration of `benchmarks/results/serving_kernels.json` (32 closed-loop clients, 256
 prompt / 128 output tokens) with each cost: every request's prompt is prefilled once, its tokens riding
 in the batch's steps, and each output token is one decode step at batch 32. Compared with that run's
 TPOT p50 and output throughput (median and spread over its repeats). Writes
@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks/results"
 EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
-SERVED = RESULTS / "serving_quiet.json"
+SERVED = RESULTS / "serving_kernels.json"
 BATCH, PROMPT, OUTPUT = 32, 256, 128
 
 

@@ -220,8 +220,8 @@ def main() -> None:
     runs: dict[int, list[dict]] = {batch: [] for batch in args.batches}
     jobs = [(repeat, batch) for repeat in range(args.repeats) for batch in args.batches]
     for repeat, batch in track(jobs, description="decode steps", console=console):
-        done = subprocess.run([sys.executable, __file__, "--child", args.against, str(batch), "--steps", str(args.steps)],
-                              capture_output=True, text=True, check=True, cwd="/")
+        command = [sys.executable, __file__, "--child", args.against, str(batch), "--steps", str(args.steps)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True, cwd="/")
         runs[batch].append(json.loads(done.stdout.strip().splitlines()[-1]))
     steps = Table(title=f"SmolLM2 decode step ms, 256-token prompts: median (min-max) over {args.repeats} repeats")
     for column in ("batch", *MODES, "this tree / against"):
@@ -235,8 +235,9 @@ def main() -> None:
                       f"{s['this tree']['median'] / s['against']['median']:.2f}")
     console.print(steps)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"config": vars(args) | {"json": str(args.json)}, "single_calls": calls, "linears": linears,
-                                     "steps": summary, "runs": runs}, indent=2) + "\n")
+    report = {"config": vars(args) | {"json": str(args.json)}, "single_calls": calls, "linears": linears,
+              "steps": summary, "runs": runs}
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {args.json}")
 
 

@@ -5,7 +5,8 @@ batched matmuls: three copies of the whole context per layer and step, which is 
 step. `paged_attention.cpp` reads K/V in place through the block table instead. It is compiled once per
 machine with torch's cpp_extension (g++ and ninja) into `kernel_build_dir()`, under the specfleet cache;
 where that is impossible the engine logs why and keeps the torch path. The same extension carries the
-decoder's fused elementwise steps (`fused_ops.cpp`, wrapped by `engine/cpu/elementwise.py`).
+decoder's fused elementwise steps (`fused_ops.cpp`) and the few-row linear (`linear_small.cpp`), with
+`vec_math.h` inlined into each.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, TorchPagedAt
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "fused_ops.cpp", "linear_small.cpp")]
 HEADER = Path(__file__).with_name("vec_math.h")
+# -fno-trapping-math lets GCC if-convert vec_math.h's clamps, so its loops vectorize
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "linear_small"]
 _lock = threading.Lock()
 _module = None
@@ -40,8 +43,7 @@ def load_kernel():
                 build_dir = kernel_build_dir()
                 build_dir.mkdir(parents=True, exist_ok=True)
                 _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[_source(p) for p in SOURCES],
-                                      functions=FUNCTIONS, build_directory=str(build_dir),
-                                      extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
+                                      functions=FUNCTIONS, build_directory=str(build_dir), extra_cflags=CFLAGS,
                                       extra_ldflags=["-fopenmp"])
             except Exception as exc:        # no compiler, no ninja, read-only home: fall back, say why
                 _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"

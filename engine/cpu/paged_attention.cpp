@@ -41,7 +41,9 @@ struct Shape {
 };
 
 // Row r = token i * q_heads + head reads KV head (head / group) and sees keys [0, ctx - query_len + i].
-inline int64_t head_offset(const Shape& s, int64_t r) { return ((r % s.q_heads) / (s.q_heads / s.kv_heads)) * s.head_dim; }
+inline int64_t head_offset(const Shape& s, int64_t r) {
+  return ((r % s.q_heads) / (s.q_heads / s.kv_heads)) * s.head_dim;
+}
 inline int64_t visible_keys(const Shape& s, int64_t r, int64_t ctx) { return ctx - s.query_len + r / s.q_heads + 1; }
 
 // scores[r * stride + pos] = q_r . k_pos for every row and key [0, ctx); `slots[pos]` is where key pos
@@ -66,7 +68,8 @@ void score_keys(const Shape& s, const float* qf, const T* k_cache, const int64_t
   }
 #endif
   for (int64_t pos = 0; pos < ctx; ++pos)
-    for (int64_t r = 0; r < rows; ++r) scores[r * stride + pos] = dot(qf + r * d, k_cache + slots[pos] + head_offset(s, r), d);
+    for (int64_t r = 0; r < rows; ++r)
+      scores[r * stride + pos] = dot(qf + r * d, k_cache + slots[pos] + head_offset(s, r), d);
 }
 
 #ifdef SPECFLEET_VEC8

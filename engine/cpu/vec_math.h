@@ -1,6 +1,7 @@
 // Float math the compiler vectorizes (AVX2, AVX-512, NEON): no libm calls and no branches, so a loop over
-// these under `#pragma omp simd` becomes vector code; and 8-wide dot products in GCC/Clang vector types. `attention.py` inlines this file into each source
-// that includes it, so a change here rebuilds the extension.
+// these under `#pragma omp simd` becomes vector code; and 8-wide dot products in GCC/Clang vector types.
+// `attention.py` inlines this file into each source that includes it, so a change here rebuilds the
+// extension. The clamps in `exp` vectorize only with -fno-trapping-math (the extension's flags).
 #ifndef SPECFLEET_VEC_MATH_H
 #define SPECFLEET_VEC_MATH_H
 

@@ -6,7 +6,7 @@
    oneDNN, `F.linear` and `linear_small`.
    Linear layers of SmolLM2 (fp32, hot cache) at 1-32 rows: oneDNN-packed GEMM
    (`torch.ops.mkldnn._linear_pointwise`) vs the extension's `linear_small`, median microseconds; the
-   `chosen` column is what `engine/cpu/linear.small_rows` picks.
+   `chosen` column is what `engine/cpu/linear.small_rows_limit` picks.
 2. Whole decode steps (`LLMEngine.step`, greedy, 256-token prompts) at each batch, three modes in one
    process, interleaved two steps at a time so the machine's drift hits all of them:
    - `against`: the C++ extension (paged attention, fused elementwise steps) built from `--against`'s
@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LINEARS = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->3072": (576, 3072),
            "down 1536->576": (1536, 576), "lm_head 576->49152": (576, 49152)}
 MODES = ("against", "packed only", "this tree")
+# the flags the baseline was built with up to 6e173fe (this tree adds -fno-trapping-math for vec_math.h)
+AGAINST_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
 OLD_FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary"]
 
 
@@ -54,7 +56,7 @@ def linear_rows(rows_list: list[int]) -> list[dict]:
     import torch
 
     from specfleet.engine.cpu.attention import load_kernel
-    from specfleet.engine.cpu.linear import small_rows
+    from specfleet.engine.cpu.linear import small_rows_limit
 
     kernel, out = load_kernel(), []
     with torch.inference_mode():
@@ -67,7 +69,7 @@ def linear_rows(rows_list: list[int]) -> list[dict]:
                 onednn = median_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), calls)
                 small = median_us(lambda: kernel.linear_small(x, weight, None), calls)
                 out.append({"linear": name, "rows": rows, "onednn_us": onednn, "small_us": small,
-                            "chosen": "small" if small_rows(rows, k) else "onednn"})
+                            "chosen": "small" if rows <= small_rows_limit(k) else "onednn"})
     return out
 
 
@@ -114,21 +116,20 @@ def build_against(commit: str):
 
     from torch.utils.cpp_extension import load_inline
 
-    from specfleet.engine.cpu.attention import kernel_build_dir
+    from specfleet.engine.cpu.attention import inline_header, kernel_build_dir
 
     def show(path: str) -> str | None:
         done = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True)
         return done.stdout if done.returncode == 0 else None
 
     header = show("engine/cpu/vec_math.h") or ""
-    sources = [show(f"engine/cpu/{name}").replace('#include "vec_math.h"', header)
-               for name in ("paged_attention.cpp", "fused_ops.cpp")]
+    sources = [inline_header(show(f"engine/cpu/{name}"), header) for name in ("paged_attention.cpp", "fused_ops.cpp")]
     tag = hashlib.sha1("".join(sources).encode()).hexdigest()[:10]
     build_dir = kernel_build_dir().with_name(f"against-{tag}")
     build_dir.mkdir(parents=True, exist_ok=True)
     return load_inline(name=f"specfleet_cpu_against_{tag}", cpp_sources=sources, functions=OLD_FUNCTIONS,
                        build_directory=str(build_dir),
-                       extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"])
+                       extra_cflags=AGAINST_CFLAGS, extra_ldflags=["-fopenmp"])
 
 
 def child(commit: str, batch: int, steps: int) -> None:

@@ -74,6 +74,8 @@ def run_transformers(model: str, work, batch: int = 16) -> dict:
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
+    with torch.inference_mode():                                                   # warm-up, as the others
+        hf.generate(torch.tensor([[11, 12, 13]]), max_new_tokens=4, do_sample=False, pad_token_id=0)
     start, tokens = time.perf_counter(), 0
     for i in range(0, len(work), batch):
         group = work[i:i + batch]

@@ -54,7 +54,12 @@ def load_kernel():
 def _source(path: Path) -> str:
     """The file's text with `vec_math.h` inlined: the extension's hash covers what it includes, so an
     edit to the header rebuilds it (include guards keep the second copy empty)."""
-    return path.read_text().replace(f'#include "{HEADER.name}"', HEADER.read_text())
+    return inline_header(path.read_text(), HEADER.read_text())
+
+
+def inline_header(source: str, header: str) -> str:
+    """`source` with its `#include "vec_math.h"` replaced by `header`'s text."""
+    return source.replace(f'#include "{HEADER.name}"', header)
 
 
 def kernel_build_dir() -> Path:

@@ -29,7 +29,7 @@ void for_rows(int64_t rows, int64_t row_size, const F& body) {
   });
 }
 
-bool raw(const torch::Tensor& t) { return t.scalar_type() == torch::kFloat && t.is_contiguous(); }
+bool contiguous_float(const torch::Tensor& t) { return t.scalar_type() == torch::kFloat && t.is_contiguous(); }
 
 // out = weight * (x * rsqrt(mean(x^2) + eps)), one row of n.
 inline void rms_row(const float* x, const float* weight, float eps, int64_t n, float* out) {
@@ -76,7 +76,7 @@ void rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tenso
 }  // namespace
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
-  if (!raw(x) || !raw(weight)) return rms_norm_aten(x, weight, eps);
+  if (!contiguous_float(x) || !contiguous_float(weight)) return rms_norm_aten(x, weight, eps);
   const int64_t n = x.size(-1);
   auto out = torch::empty_like(x);
   const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
@@ -88,7 +88,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 // (x + residual, rms_norm(x + residual)): the residual stream after a sub-layer and the next one's input.
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
                                                       double eps) {
-  if (!raw(x) || !raw(residual) || !raw(weight)) {
+  if (!contiguous_float(x) || !contiguous_float(residual) || !contiguous_float(weight)) {
     auto sum = residual + x;
     return {sum, rms_norm_aten(sum, weight, eps)};
   }
@@ -107,7 +107,7 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Te
 
 // [tokens, 2 * d] (gate | up) -> silu(gate) * up, [tokens, d].
 torch::Tensor silu_and_mul(torch::Tensor x) {
-  if (!raw(x)) {
+  if (!contiguous_float(x)) {
     auto parts = x.chunk(2, -1);
     return torch::silu(parts[0]) * parts[1];
   }
@@ -129,7 +129,7 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
 // q [tokens, q_heads, d], k [tokens, kv_heads, d], cos/sin [tokens, 1, d].
 std::tuple<torch::Tensor, torch::Tensor> rotary(torch::Tensor q, torch::Tensor k, torch::Tensor cos,
                                                 torch::Tensor sin) {
-  if (!rows_of_heads(q) || !rows_of_heads(k) || !raw(cos) || !raw(sin) || cos.numel() != q.size(0) * q.size(2) ||
+  if (!rows_of_heads(q) || !rows_of_heads(k) || !contiguous_float(cos) || !contiguous_float(sin) || cos.numel() != q.size(0) * q.size(2) ||
       sin.numel() != cos.numel())
     return {q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin};
   auto q_out = torch::empty(q.sizes(), q.options()), k_out = torch::empty(k.sizes(), k.options());

@@ -16,10 +16,10 @@ def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def small_rows(rows: int, in_features: int) -> bool:
-    """Whether `linear_small` beats the packed GEMM: up to 4 rows, or 8 while 8 weight rows fit in L1
+def small_rows_limit(in_features: int) -> int:
+    """The most rows for which `linear_small` beats the packed GEMM: 8 while 8 weight rows fit in L1, else 4
     (SmolLM2's shapes on an AVX2 core, `benchmarks/cpu_decode_ops.py`)."""
-    return rows <= 4 or (rows <= 8 and in_features <= 1024)
+    return 8 if in_features <= 1024 else 4
 
 
 class PackedLinear(nn.Module):
@@ -34,10 +34,11 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.kernel = kernel
         self.weight = linear.weight.detach() if kernel is not None else None
+        self.small_rows = small_rows_limit(self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if self.kernel is not None and small_rows(rows.shape[0], self.in_features):
+        if self.kernel is not None and rows.shape[0] <= self.small_rows:
             out = self.kernel.linear_small(rows.contiguous(), self.weight, self.bias)
         else:
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")

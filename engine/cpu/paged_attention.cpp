@@ -56,9 +56,12 @@ void score_keys(const Shape& s, const float* qf, const T* k_cache, const int64_t
   if constexpr (std::is_same_v<T, float>) {
     if (d % 8 == 0) {
       for (int64_t first = 0; first < ctx; first += 8) {
+        const float* slot_keys[8];
+        for (int j = 0; j < 8; ++j) slot_keys[j] = k_cache + slots[std::min(first + j, ctx - 1)];
         for (int64_t r = 0; r < rows; ++r) {
           const float* keys[8];
-          for (int j = 0; j < 8; ++j) keys[j] = k_cache + slots[std::min(first + j, ctx - 1)] + head_offset(s, r);
+          const int64_t offset = head_offset(s, r);
+          for (int j = 0; j < 8; ++j) keys[j] = slot_keys[j] + offset;
           const v8f sc = dot8(qf + r * d, keys, d);
           __builtin_memcpy(scores + r * stride + first, &sc, sizeof sc);
         }

@@ -70,6 +70,21 @@ def test_packed_linear_with_the_kernel_equals_nn_linear_at_any_row_count(rows, o
     torch.testing.assert_close(packed(x.view(rows, 1, 64)), linear(x).view(rows, 1, -1), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("in_features,limit", [(64, 8), (1536, 4)])
+def test_steps_up_to_the_row_limit_take_linear_small_and_larger_ones_onednn(in_features, limit):
+    kernel, rows_seen = cpu_attention.load_kernel(), []
+
+    class Spy:
+        def linear_small(self, x, weight, bias):
+            rows_seen.append(x.shape[0])
+            return kernel.linear_small(x, weight, bias)
+
+    packed = PackedLinear(nn.Linear(in_features, 16), Spy())
+    for rows in (1, limit, limit + 1):
+        packed(torch.randn(rows, in_features))
+    assert rows_seen == [1, limit]
+
+
 def test_linear_small_falls_back_to_torch_for_shapes_it_does_not_take():
     kernel = cpu_attention.load_kernel()
     for x, weight in ((torch.randn(2, 12), torch.randn(16, 12)),         # in_features not a multiple of 8

@@ -2,14 +2,26 @@
 
 MKL's sgemm (what `F.linear` runs on CPU) is slow on the tall, narrow LM head; oneDNN takes the weight
 in its blocked layout, packed once here (`benchmarks/cpu_backend.py` measures both). Only fp32 weights are
-packed; anything else keeps `nn.Linear`. For the few rows of a small decode step, oneDNN's ~30 us fixed
-cost per call outweighs the arithmetic, so those go to the extension's `linear_small` over the plain
-weight, which is kept for it (`benchmarks/cpu_decode_ops.py` measures where each wins).
+packed; anything else keeps `nn.Linear`. For the few rows of a small decode step, oneDNN's fixed cost per
+call outweighs the arithmetic, so those go to the extension's `linear_small` over the plain weight, which
+is kept for it. Up to how many rows that pays differs by CPU and by shape (on one 2-core EPYC it was 8
+rows for most of SmolLM2's shapes, on another 2 to 4), so `calibrate_small_rows` times both on the
+model's own weights when it loads (`benchmarks/cpu_decode_ops.py` measures the effect on whole steps).
 """
 from __future__ import annotations
 
+import logging
+import statistics
+import time
+from collections import defaultdict
+
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
+CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)
+COLD_BYTES = 64 << 20        # more than a server CPU's L3: timed over this much weight, it comes from memory
+TIMING_REPEATS = 3
 
 
 def packing_available() -> bool:
@@ -17,8 +29,8 @@ def packing_available() -> bool:
 
 
 def small_rows_limit(in_features: int) -> int:
-    """The most rows for which `linear_small` beats the packed GEMM: 8 while 8 weight rows fit in L1, else 4
-    (SmolLM2's shapes on an AVX2 core, `benchmarks/cpu_decode_ops.py`)."""
+    """The prior for the most rows at which `linear_small` beats the packed GEMM, until `calibrate_small_rows`
+    measures it: 8 while 8 weight rows fit in L1, else 4 (SmolLM2's shapes on one EPYC's cores)."""
     return 8 if in_features <= 1024 else 4
 
 
@@ -38,11 +50,14 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if self.kernel is not None and rows.shape[0] <= self.small_rows:
-            out = self.kernel.linear_small(rows.contiguous(), self.weight, self.bias)
-        else:
-            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        out = self.small(rows) if self.kernel is not None and rows.shape[0] <= self.small_rows else self.gemm(rows)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
+
+    def small(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernel.linear_small(rows.contiguous(), self.weight, self.bias)
+
+    def gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
 
 
 def pack_linears(model: nn.Module, kernel=None) -> int:
@@ -57,3 +72,53 @@ def pack_linears(model: nn.Module, kernel=None) -> int:
                 setattr(parent, name, PackedLinear(child, kernel))
                 swapped += 1
     return swapped
+
+
+def calibrate_small_rows(model: nn.Module) -> dict[tuple[int, int], int]:
+    """Sets each `PackedLinear`'s row limit to what its shape measures on this CPU (`small_rows_limit`
+    before); returns {(in_features, out_features): limit}. Layers of one shape share one measurement."""
+    by_shape: dict[tuple[int, int], list[PackedLinear]] = defaultdict(list)
+    for module in model.modules():
+        if isinstance(module, PackedLinear) and module.kernel is not None:
+            by_shape[(module.in_features, module.out_features)].append(module)
+    limits = {}
+    with torch.inference_mode():
+        for shape, linears in by_shape.items():
+            limits[shape] = measured_small_rows(cold_subset(linears))
+            for linear in linears:
+                linear.small_rows = limits[shape]
+    if limits:
+        log.info("few-row linear limits measured: %s", ", ".join(f"{i}->{o}: {n}" for (i, o), n in limits.items()))
+    return limits
+
+
+def cold_subset(linears: list[PackedLinear]) -> list[PackedLinear]:
+    """The first layers holding COLD_BYTES of weight between them (all if they hold less): run one after
+    another, as a step runs them, each reads its weight from memory rather than from a warm cache."""
+    chosen, held = [], 0
+    for linear in linears:
+        chosen.append(linear)
+        held += linear.weight.numel() * linear.weight.element_size()
+        if held >= COLD_BYTES:
+            break
+    return chosen
+
+
+def measured_small_rows(linears: list[PackedLinear]) -> int:
+    """The largest of CANDIDATE_ROWS up to which `linear_small` is faster than oneDNN at every candidate
+    (0 if it loses at one row): both timed over the same layers, alternating which goes first."""
+    limit = 0
+    for rows in CANDIDATE_ROWS:
+        x = torch.randn(rows, linears[0].in_features)
+        small, gemm = [], []
+        for repeat in range(TIMING_REPEATS + 1):                # the first pass of each is a warm-up
+            for kind, times in sorted([("small", small), ("gemm", gemm)], reverse=repeat % 2 == 1):
+                start = time.perf_counter()
+                for linear in linears:
+                    getattr(linear, kind)(x)
+                if repeat:
+                    times.append(time.perf_counter() - start)
+        if statistics.median(small) >= statistics.median(gemm):
+            break
+        limit = rows
+    return limit

@@ -57,19 +57,24 @@ inline v8f pair_sums(v8f a, v8f b) {   // a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+
          __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
 }
 
+// lane j = the sum of acc[j]'s eight lanes: one shuffle tree for all eight instead of a horizontal sum each
+inline v8f reduce8(const v8f* acc) {
+  // rows 0-3 then 4-7, each lane the sum of lanes 0-3 or 4-7 of its row's accumulator
+  const v8f low = pair_sums(pair_sums(acc[0], acc[1]), pair_sums(acc[2], acc[3]));
+  const v8f high = pair_sums(pair_sums(acc[4], acc[5]), pair_sums(acc[6], acc[7]));
+  return __builtin_shufflevector(low, high, 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
 // q . rows[j] for 8 rows at once (d a multiple of 8): eight independent accumulators keep the FMA units
-// busy, and one shuffle tree reduces all eight instead of a horizontal sum per row.
+// busy, and `reduce8` sums them.
 inline v8f dot8(const float* q, const float* const* rows, int64_t d) {
   v8f acc[8] = {};
   for (int64_t x = 0; x < d; x += 8) {
     const v8f qv = load8(q + x);
     for (int j = 0; j < 8; ++j) acc[j] += qv * load8(rows[j] + x);
   }
-  // rows 0-3 then 4-7, each lane the sum of lanes 0-3 or 4-7 of its row's accumulator
-  const v8f low = pair_sums(pair_sums(acc[0], acc[1]), pair_sums(acc[2], acc[3]));
-  const v8f high = pair_sums(pair_sums(acc[4], acc[5]), pair_sums(acc[6], acc[7]));
-  return __builtin_shufflevector(low, high, 0, 1, 2, 3, 8, 9, 10, 11) +
-         __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
+  return reduce8(acc);
 }
 #endif
 

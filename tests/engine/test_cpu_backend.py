@@ -3,6 +3,8 @@ against theirs, packed linears against `nn.Linear`, and the fall-back to the tor
 cannot be built."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -10,7 +12,8 @@ from torch import nn
 from specfleet.engine import LLM, SamplingParams
 from specfleet.engine.attention import TorchPagedAttention
 from specfleet.engine.cpu import attention as cpu_attention
-from specfleet.engine.cpu.linear import PackedLinear, pack_linears
+from specfleet.engine.cpu import linear as cpu_linear
+from specfleet.engine.cpu.linear import PackedLinear, calibrate_small_rows, pack_linears
 from specfleet.engine.model.llama import TorchElementwise
 from testkit import build_step
 
@@ -83,6 +86,38 @@ def test_steps_up_to_the_row_limit_take_linear_small_and_larger_ones_onednn(in_f
     for rows in (1, limit, limit + 1):
         packed(torch.randn(rows, in_features))
     assert rows_seen == [1, limit]
+
+
+class Timed(PackedLinear):
+    """A PackedLinear whose two paths take known times: linear_small 1 ms per row, oneDNN a fixed `gemm_ms`."""
+
+    def __init__(self, linear: nn.Linear, gemm_ms: float) -> None:
+        super().__init__(linear, cpu_attention.load_kernel())
+        self.gemm_ms = gemm_ms
+
+    def small(self, rows):
+        time.sleep(rows.shape[0] * 1e-3)
+        return super().small(rows)
+
+    def gemm(self, rows):
+        time.sleep(self.gemm_ms * 1e-3)
+        return super().gemm(rows)
+
+
+def test_calibration_sets_each_shape_to_the_most_rows_where_linear_small_measures_faster():
+    model = nn.ModuleList([Timed(nn.Linear(16, 8), gemm_ms=6), Timed(nn.Linear(16, 8), gemm_ms=6),
+                           Timed(nn.Linear(16, 24), gemm_ms=3), PackedLinear(nn.Linear(16, 40))])  # last: no kernel
+    limits = calibrate_small_rows(model)
+    assert limits == {(16, 8): 4, (16, 24): 2}                 # 1, 2, 4 ms < 6 ms < 8 ms; 1, 2 < 3 < 4
+    assert [m.small_rows for m in model[:3]] == [4, 4, 2]
+    assert model[3].small_rows == cpu_linear.small_rows_limit(16)
+
+
+def test_calibration_times_a_shape_over_enough_layers_to_be_cold_and_no_more(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "COLD_BYTES", 3 * 64 * 64 * 4)
+    layers = [PackedLinear(nn.Linear(64, 64), cpu_attention.load_kernel()) for _ in range(5)]
+    assert cpu_linear.cold_subset(layers) == layers[:3]
+    assert cpu_linear.cold_subset(layers[:2]) == layers[:2]
 
 
 def test_linear_small_falls_back_to_torch_for_shapes_it_does_not_take():

@@ -43,6 +43,7 @@ class NodeAgent:
         self._retiring: dict[asyncio.Task, PodRunner | None] = {}    # runners of deleted pods, while they stop
         self._terminating: set[str] = set()           # uids of pods whose graceful stop has begun
         self._unschedulable: dict[str, str] = {}      # pod uid -> the message last reported
+        self._queue = scheduling.SchedulingQueue()
 
     def event(self, message: str) -> None:
         self.events.append((time.time(), message))
@@ -109,7 +110,7 @@ class NodeAgent:
         bound = [p for p in live if p["spec"].get("nodeName") == self.node_name]
         pending = [p for p in live if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
                    and p["spec"].get("schedulerName", SCHEDULER_NAME) == SCHEDULER_NAME]
-        for decision in scheduling.schedule(pending, bound, self.allocatable):
+        for decision in scheduling.schedule(self._queue.order(pending), bound, self.allocatable):
             if decision.fits:
                 await self._bind(decision.pod)
             else:

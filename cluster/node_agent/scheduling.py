@@ -3,14 +3,17 @@
 The node's allocatable CPU and memory are this machine's (`os.cpu_count()`, physical memory). A pod
 fits when its requests (the sum over containers, or the largest init container's if larger) fit in
 what the pods already bound to the node leave free; a pod that does not fit stays Pending with
-`PodScheduled=False` (reason `Unschedulable`) until capacity frees up. Quantities are counted in
+`PodScheduled=False` (reason `Unschedulable`) until capacity frees up. Pending pods are taken in the
+order the scheduler first saw them (`SchedulingQueue`), as kube-scheduler's queue orders by the time a
+pod entered it: `creationTimestamp` has whole seconds, so a replacement created in the same second as
+an older pending pod must not overtake it by name. Quantities are counted in
 thousandths of their unit ("500m" CPU is 500, "1Gi" is 1024**3 * 1000) so that nothing rounds.
 """
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_PODS = 110
 _SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
@@ -67,13 +70,38 @@ class Decision:
     message: str = ""
 
 
+def _created(pod: dict) -> tuple[str, str]:
+    return pod["metadata"].get("creationTimestamp") or "", pod["metadata"]["name"]
+
+
+@dataclass
+class SchedulingQueue:
+    """The order pending pods entered the queue: a sequence number per pod uid, given when first seen."""
+
+    entered: dict[str, int] = field(default_factory=dict)
+    next_number: int = 0
+
+    def order(self, pending: list[dict]) -> list[dict]:
+        """`pending` in queue order; pods seen for the first time join at the end, oldest first. Pods no
+        longer pending leave the queue."""
+        for pod in sorted(pending, key=_created):
+            uid = pod["metadata"].get("uid") or pod["metadata"]["name"]
+            if uid not in self.entered:
+                self.entered[uid] = self.next_number
+                self.next_number += 1
+        keys = {pod["metadata"].get("uid") or pod["metadata"]["name"] for pod in pending}
+        self.entered = {uid: n for uid, n in self.entered.items() if uid in keys}
+        return sorted(pending, key=lambda p: self.entered[p["metadata"].get("uid") or p["metadata"]["name"]])
+
+
 def schedule(pending: list[dict], bound: list[dict], allocatable: dict[str, int]) -> list[Decision]:
-    """Decide every pending pod, oldest first, each admitted pod taking its requests from what is free."""
+    """Decide every pending pod in the order given (`SchedulingQueue.order`), each admitted pod taking its
+    requests from what is free."""
     free = dict(allocatable)
     for pod in bound:
         _take(free, {**requests(pod["spec"]), "pods": 1000})
     decisions = []
-    for pod in sorted(pending, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"])):
+    for pod in pending:
         want = {**requests(pod["spec"]), "pods": 1000}
         short = sorted(name for name, amount in want.items() if amount > free.get(name, 0))
         if short:

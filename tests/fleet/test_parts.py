@@ -93,13 +93,24 @@ def _pod(name: str, cpu: str, memory: str = "1Gi", created: str = "2026-01-01T00
 
 def test_a_pod_that_does_not_fit_what_the_bound_pods_leave_stays_pending():
     node = {"cpu": 2000, "memory": 8 * 2**30 * 1000, "pods": 110_000}
-    decisions = scheduling.schedule([_pod("late", "2", created="2026-01-02T00:00:00Z"), _pod("early", "1")],
+    queue = scheduling.SchedulingQueue()
+    decisions = scheduling.schedule(queue.order([_pod("late", "2", created="2026-01-02T00:00:00Z"), _pod("early", "1")]),
                                     [_pod("running", "500m")], node)
     assert [(d.pod["metadata"]["name"], d.fits) for d in decisions] == [("early", True), ("late", False)]
     assert decisions[1].message == "0/1 nodes are available: 1 Insufficient cpu."
     gpu = _pod("gpu", "1")
     gpu["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1"
     assert "Insufficient nvidia.com/gpu" in scheduling.schedule([gpu], [], node)[0].message
+
+
+def test_a_pod_that_waited_keeps_its_place_before_a_newer_one_created_in_the_same_second():
+    """creationTimestamp has whole seconds: the queue, not the name, says which came first."""
+    queue = scheduling.SchedulingQueue()
+    waiting = _pod("web-zzz", "600m")
+    assert queue.order([waiting]) == [waiting]
+    replacement = _pod("web-aaa", "600m")             # same second, a name that sorts first
+    assert [p["metadata"]["name"] for p in queue.order([replacement, waiting])] == ["web-zzz", "web-aaa"]
+    assert queue.order([replacement]) == [replacement] and list(queue.entered) == ["web-aaa"]
 
 
 def test_the_node_offers_this_machine_s_cpus_and_memory():

@@ -5,14 +5,17 @@
    attention (256-token context) in both extensions; a linear's fixed cost (an 8x8 weight) through
    oneDNN, `F.linear` and `linear_small`.
    Linear layers of SmolLM2 (fp32, hot cache) at 1-32 rows: oneDNN-packed GEMM
-   (`torch.ops.mkldnn._linear_pointwise`) vs the extension's `linear_small`, median microseconds; the
-   `chosen` column is what `engine/cpu/linear.small_rows_limit` picks.
-2. Whole decode steps (`LLMEngine.step`, greedy, 256-token prompts) at each batch, three modes in one
+   (`torch.ops.mkldnn._linear_pointwise`) vs the extension's `linear_small`, median microseconds. (Which
+   one a served step takes is measured when the model loads, cold, over all its layers: the steps' JSON
+   records those row limits per shape.)
+2. Whole decode steps (`LLMEngine.step`, greedy, 256-token prompts) at each batch, four modes in one
    process, interleaved two steps at a time so the machine's drift hits all of them:
    - `against`: the C++ extension (paged attention, fused elementwise steps) built from `--against`'s
      sources, every linear on the packed GEMM (what that commit ran);
    - `packed only`: this tree's extension, every linear on the packed GEMM;
-   - `this tree`: this tree's extension and linear dispatch.
+   - `prior rule`: this tree's extension, `linear_small` up to `small_rows_limit`'s fixed rows (what
+     d5a67da did: 8 rows, 4 for 1,536 inputs);
+   - `this tree`: this tree's extension, `linear_small` up to the row limits measured at load.
    Each repeat is a fresh process; the table gives the median step over repeats with the min-max of the
    per-repeat medians, and this tree / against.
 
@@ -32,7 +35,7 @@ RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 LINEARS = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->3072": (576, 3072),
            "down 1536->576": (1536, 576), "lm_head 576->49152": (576, 49152)}
-MODES = ("against", "packed only", "this tree")
+MODES = ("against", "packed only", "prior rule", "this tree")
 # the flags the baseline was built with up to 6e173fe (this tree adds -fno-trapping-math for vec_math.h)
 AGAINST_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
 OLD_FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary"]
@@ -56,8 +59,6 @@ def linear_rows(rows_list: list[int]) -> list[dict]:
     import torch
 
     from specfleet.engine.cpu.attention import load_kernel
-    from specfleet.engine.cpu.linear import small_rows_limit
-
     kernel, out = load_kernel(), []
     with torch.inference_mode():
         for name, (k, n) in LINEARS.items():
@@ -68,8 +69,7 @@ def linear_rows(rows_list: list[int]) -> list[dict]:
                 calls = 20 if n > 10000 else 200
                 onednn = median_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), calls)
                 small = median_us(lambda: kernel.linear_small(x, weight, None), calls)
-                out.append({"linear": name, "rows": rows, "onednn_us": onednn, "small_us": small,
-                            "chosen": "small" if rows <= small_rows_limit(k) else "onednn"})
+                out.append({"linear": name, "rows": rows, "onednn_us": onednn, "small_us": small})
     return out
 
 
@@ -133,7 +133,7 @@ def build_against(commit: str):
 
 
 def child(commit: str, batch: int, steps: int) -> None:
-    """One repeat in this process: prints {mode: median step ms}."""
+    """One repeat in this process: prints {mode: median step ms, "limits": {shape: rows}}."""
     import random
     import threading
     import time
@@ -143,7 +143,7 @@ def child(commit: str, batch: int, steps: int) -> None:
     from specfleet.engine.builtin import ensure_builtin
     from specfleet.engine.config import EngineConfig
     from specfleet.engine.cpu.attention import load_kernel
-    from specfleet.engine.cpu.linear import PackedLinear
+    from specfleet.engine.cpu.linear import PackedLinear, small_rows_limit
     from specfleet.engine.engine import LLMEngine
     from specfleet.engine.sampling_params import SamplingParams
     from specfleet.engine.server.serve import load_off_the_main_thread
@@ -152,14 +152,16 @@ def child(commit: str, batch: int, steps: int) -> None:
     engine, against = load_off_the_main_thread(lambda: (LLMEngine(config), build_against(commit)))
     model, current = engine.runner.model, load_kernel()
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    measured = [linear.small_rows for linear in linears]
 
     def use(mode: str) -> None:
         ext = against if mode == "against" else current
         model.set_elementwise(ext)
         for layer in model.model.layers:
             layer.self_attn.attend.kernel = ext
-        for linear in linears:
-            linear.kernel = current if mode == "this tree" else None
+        for linear, limit in zip(linears, measured):
+            linear.kernel = current if mode in ("prior rule", "this tree") else None
+            linear.small_rows = limit if mode == "this tree" else small_rows_limit(linear.in_features)
 
     rng = random.Random(batch)
     for i in range(batch):
@@ -181,7 +183,8 @@ def child(commit: str, batch: int, steps: int) -> None:
     thread = threading.Thread(target=run)      # as the server steps: off the thread that loaded the model
     thread.start()
     thread.join()
-    print(json.dumps({mode: statistics.median(t) for mode, t in times.items()}))
+    limits = {f"{m.in_features}->{m.out_features}": limit for m, limit in zip(linears, measured)}
+    print(json.dumps({mode: statistics.median(t) for mode, t in times.items()} | {"limits": limits}))
 
 
 def main() -> None:
@@ -211,11 +214,11 @@ def main() -> None:
     console.print(table)
     linears = linear_rows(args.linear_rows)
     table = Table(title="SmolLM2 linears, hot cache: median us per call")
-    for column in ("linear", "rows", "oneDNN packed", "linear_small", "small / packed", "chosen"):
+    for column in ("linear", "rows", "oneDNN packed", "linear_small", "small / packed"):
         table.add_column(column)
     for row in linears:
         table.add_row(row["linear"], str(row["rows"]), f"{row['onednn_us']:.1f}", f"{row['small_us']:.1f}",
-                      f"{row['small_us'] / row['onednn_us']:.2f}", row["chosen"])
+                      f"{row['small_us'] / row['onednn_us']:.2f}")
     console.print(table)
 
     runs: dict[int, list[dict]] = {batch: [] for batch in args.batches}
@@ -225,7 +228,7 @@ def main() -> None:
         done = subprocess.run(command, capture_output=True, text=True, check=True, cwd="/")
         runs[batch].append(json.loads(done.stdout.strip().splitlines()[-1]))
     steps = Table(title=f"SmolLM2 decode step ms, 256-token prompts: median (min-max) over {args.repeats} repeats")
-    for column in ("batch", *MODES, "this tree / against"):
+    for column in ("batch", *MODES, "this tree / against", "this tree / prior rule"):
         steps.add_column(column)
     summary = {}
     for batch, rows in runs.items():
@@ -233,8 +236,10 @@ def main() -> None:
                                  "max": max(r[mode] for r in rows)} for mode in MODES}
         s = summary[batch]
         steps.add_row(str(batch), *(f"{s[m]['median']:.1f} ({s[m]['min']:.1f}-{s[m]['max']:.1f})" for m in MODES),
-                      f"{s['this tree']['median'] / s['against']['median']:.2f}")
+                      f"{s['this tree']['median'] / s['against']['median']:.2f}",
+                      f"{s['this tree']['median'] / s['prior rule']['median']:.2f}")
     console.print(steps)
+    console.print(f"row limits measured at load, per repeat: {[r['limits'] for r in runs[args.batches[0]]]}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {"config": vars(args) | {"json": str(args.json)}, "single_calls": calls, "linears": linears,
               "steps": summary, "runs": runs}

@@ -4,7 +4,8 @@ Both servers load the same converted safetensors folder (`specfleet.engine.built
 the whole run; `specfleet bench serve`'s client drives them with vLLM's random workload (random token ids,
 streaming, greedy, ignore_eos) at each concurrency and endpoint, `--num-prompts` = factor x concurrency.
 Runs alternate between the contenders (A B, then B A, ...) so load from other work on the machine hits
-both; each cell reports the median and the min-max spread over `--repeats` runs, and ours/vLLM ratios of
+both; each (repeat, concurrency) draws prompts of its own, so no cell finds an earlier cell's prompts in
+a server's prefix cache; each cell reports the median and the min-max spread over `--repeats` runs, and ours/vLLM ratios of
 the medians. Before timing, it checks that a greedy request through our server (streamed and not) equals
 `LLM.generate` offline, token for token in text. vLLM runs only where its CPU build is installed in its
 own venv (docs/benchmarks.md); without it, only specfleet is measured.
@@ -342,8 +343,11 @@ def main() -> None:
         for repeat in range(args.repeats):
             order = contenders if repeat % 2 == 0 else contenders[::-1]
             for conc in args.concurrency:
+                # Fresh prompts per (repeat, concurrency): a prompt seen in an earlier cell is a prefix-cache
+                # hit, and which server still holds it depends on its KV pool, not on its speed.
                 requests = random_requests(tokenizer, max(args.min_prompts, args.prompts_per_slot * conc),
-                                           args.random_input_len, args.random_output_len, 0.0, seed=repeat)
+                                           args.random_input_len, args.random_output_len, 0.0,
+                                           seed=repeat * 100_003 + conc)
                 for endpoint in args.endpoints:
                     for c in order:
                         summary = one_run(c, endpoint, requests, conc)

@@ -320,7 +320,12 @@ def main() -> None:
     parser.add_argument("--profile", default=None,
                         help="profile JSON to predict break-evens with (default: the catalogue's smollm2-135m--cpu)")
     parser.add_argument("--json", type=Path, default=RESULTS / "speculation.json", help="where to write the results")
+    parser.add_argument("--predict-from", type=Path, default=None, metavar="JSON",
+                        help="measure nothing: predict the break-evens of an earlier run's results again, with "
+                             "today's costs (after a profile refit), and write them to --json")
     args = parser.parse_args()
+    if args.predict_from:
+        return predict_again(args)
     import torch
     torch.set_num_threads(args.threads)
 
@@ -374,6 +379,19 @@ def main() -> None:
     args.json.write_text(json.dumps({"args": {**vars(args), "json": str(args.json)}, "rows": rows,
                                                           "stops_paying_at_batch": stops,
                                                           "break_even": break_even}, indent=2))
+
+
+def predict_again(args) -> None:
+    from rich.console import Console
+
+    earlier = json.loads(args.predict_from.read_text())
+    ran = argparse.Namespace(**earlier["args"])
+    break_even = break_even_table(earlier["rows"], operator_costs(args.profile), ran.repeats)
+    names = [key.removeprefix("predicted_") for key in (break_even[0] if break_even else {}) if key.startswith("predicted_")]
+    Console(width=170).print(_break_even_rich(break_even, names, ran))
+    args.json.write_text(json.dumps({**earlier, "break_even": break_even,
+                                     "predicted_again": {"from": str(args.predict_from), "profile": args.profile}},
+                                    indent=2))
 
 
 def _break_even_rich(table_rows: list[dict], names: list[str], args):

@@ -200,3 +200,27 @@ def profile(
     profile_model.save(result, output)
     fits = ", ".join(f"{kind} ±{fit.rel_rms_error:.1%}" for kind, fit in result.fit.items())
     typer.echo(f"wrote {output}: {len(result.points)} points; fit error (relative RMS) {fits}")
+
+
+@app.command("refit-profile")
+def refit_profile(
+    path: str = typer.Argument(..., help="Profile JSON written by `specfleet engine profile`."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Where to write (default: in place)."),
+) -> None:
+    """Fit a profile's cost functions again from its stored points (after a change to the fit form): the
+    points, host and engine commit stay as measured."""
+    from dataclasses import replace
+
+    from specfleet.engine import profile_model
+
+    try:
+        measured = profile_model.load(path)
+        refitted = replace(measured, fit=profile_model.fit_profile(measured.points))
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    profile_model.save(refitted, output or path)
+    for kind, fit in refitted.fit.items():
+        before = measured.fit.get(kind)
+        was = f" (was ±{before.rel_rms_error:.1%})" if before else ""
+        knee = f", knee at {fit.knee:g} tokens" if fit.b2 else ""
+        typer.echo(f"{kind}: ±{fit.rel_rms_error:.1%}{was}{knee}")

@@ -3,13 +3,17 @@
 Pure (numpy only, no torch): the operator can load a profile written by `specfleet engine profile`
 (engine/profiler.py) without importing the engine. Per step kind (decode, verify, prefill) the fit is
 
-    T = a + s * batch + b * tokens + c * tokens * context        tokens: computed per step (batch * q)
+    T = a + s * batch + b * tokens + b2 * max(tokens - knee, 0) + c * tokens * context
+                                                              tokens: computed per step (batch * q)
 
 by least squares, with its relative RMS error on the points of its kind. Decode and verification are
 fitted together: they share the per-sequence cost s (host work per sequence: scheduling, sampling or
 verification, advancing it, its text), the per-token cost b and the attention cost c, and differ in
 their fixed cost a. A decode step alone cannot tell s from b (tokens = batch); the verification
-points, computing q tokens per sequence, can. Prefill chunks (one sequence) are fitted alone, s = 0.
+points, computing q tokens per sequence, can. The per-token cost may change at a knee (b2 != 0): on a
+CPU a step of few rows runs the few-row linear kernel and a larger one oneDNN's GEMM, whose cost per
+row differs; the knee is the measured token count that fits best, and none unless it fits visibly better.
+Prefill chunks (one sequence) are fitted alone, s = 0, no knee.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import numpy as np
 
 PROFILE_VERSION = 1
 STEP_KINDS = ("decode", "verify", "prefill")
+MIN_KNEE_GAIN = 0.005        # relative RMS error a knee must remove to be kept: a visible bend, not noise
 
 
 @dataclass(frozen=True)
@@ -49,11 +54,19 @@ class StepFit:
     rel_rms_error: float
     num_points: int
     s: float = 0.0           # seconds per sequence, whatever its q
+    knee: float = 0.0        # tokens per step past which each token costs b + b2
+    b2: float = 0.0
 
     def seconds(self, batch: float, context: float, q: float) -> float:
         """q may be fractional: the mean tokens per sequence of a step where only some sequences draft."""
         tokens = batch * q
-        return self.a + self.s * batch + self.b * tokens + self.c * tokens * context
+        bend = self.b2 * np.maximum(tokens - self.knee, 0.0) if self.b2 else 0.0     # arrays too (the simulator)
+        return self.a + self.s * batch + self.b * tokens + bend + self.c * tokens * context
+
+    @property
+    def b_past_knee(self) -> float:
+        """Seconds per token in a step of many tokens (a prompt chunk's)."""
+        return self.b + self.b2
 
 
 @dataclass(frozen=True)
@@ -122,18 +135,33 @@ def fit_steps(points: list[StepPoint]) -> StepFit:
 
 
 def fit_decode_and_verify(decode: list[StepPoint], verify: list[StepPoint]) -> dict[str, StepFit]:
-    """One least-squares fit over both kinds: shared s, b, c; a fixed cost per kind."""
+    """One least-squares fit over both kinds: shared s, b, c and knee; a fixed cost per kind. Each measured
+    token count with two others on either side is tried as the knee; the fit with the lowest relative
+    RMS error over all points wins if it is MIN_KNEE_GAIN below the fit without a knee."""
     if len(decode) < 3 or len(verify) < 3:
         raise ValueError(f"a joint fit needs at least 3 points of each kind, got {len(decode)} and {len(verify)}")
+    def error(fit: dict[str, StepFit]) -> float:
+        return math.sqrt((fit["decode"].rel_rms_error ** 2 * len(decode)
+                          + fit["verify"].rel_rms_error ** 2 * len(verify)) / (len(decode) + len(verify)))
+
+    counts = sorted(set(_columns(decode + verify)[0].tolist()))
+    straight = _joint_fit(decode, verify, None)
+    bent = min((_joint_fit(decode, verify, knee) for knee in counts[2:-2]), key=error, default=straight)
+    return bent if error(bent) < error(straight) - MIN_KNEE_GAIN else straight
+
+
+def _joint_fit(decode: list[StepPoint], verify: list[StepPoint], knee: float | None) -> dict[str, StepFit]:
     points = decode + verify
     tokens, context, measured = _columns(points)
     batch = np.array([p.batch for p in points], dtype=float)
     is_verify = np.array([0.0] * len(decode) + [1.0] * len(verify))
-    design = np.column_stack([1 - is_verify, is_verify, batch, tokens, tokens * context])
+    past_knee = np.maximum(tokens - knee, 0.0) if knee is not None else np.zeros_like(tokens)
+    design = np.column_stack([1 - is_verify, is_verify, batch, tokens, tokens * context, past_knee])
     coef, *_ = np.linalg.lstsq(design, measured, rcond=None)
     predicted = design @ coef
     n = len(decode)
-    shared = dict(b=float(coef[3]), c=float(coef[4]), s=float(coef[2]))
+    shared = dict(b=float(coef[3]), c=float(coef[4]), s=float(coef[2]), knee=float(knee or 0.0),
+                  b2=float(coef[5]) if knee is not None else 0.0)
     return {"decode": StepFit(float(coef[0]), rel_rms_error=_error(predicted[:n], measured[:n]), num_points=n,
                               **shared),
             "verify": StepFit(float(coef[1]), rel_rms_error=_error(predicted[n:], measured[n:]),

@@ -78,7 +78,7 @@ class ProfileCost:
         the prompt before it: half of the decode context on average."""
         prompt = max(tokens - batch, 0)
         fit = self.prefill or self.decode
-        extra = fit.b * prompt + fit.c * prompt * (ctx // 2)
+        extra = fit.b_past_knee * prompt + fit.c * prompt * (ctx // 2)
         return self.step(batch, ctx, 1) + self.decode_scale * max(extra, 0.0)
 
 

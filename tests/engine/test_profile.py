@@ -131,6 +131,51 @@ def test_decode_and_verify_are_fitted_together_with_a_cost_per_sequence():
     assert verify.seconds(8, 256, 2.5) == pytest.approx(a_verify + s * 8 + (B + C * 256) * 20, rel=1e-6)
 
 
+def test_a_knee_in_the_cost_per_token_is_found_where_it_is_and_not_where_there_is_none():
+    """Few-row steps (one linear kernel) cost more per token than many-row ones (the GEMM): T bends at 12."""
+    knee, b2 = 12, -B / 2
+
+    def point(kind: str, batch: int, ctx: int, q: int, bend: float) -> StepPoint:
+        tokens = batch * q
+        cost = A + B * tokens + bend * max(tokens - knee, 0) + C * tokens * ctx
+        return StepPoint(kind, batch, ctx, q, cost, 0.0, 1, tokens=tokens)
+
+    def grid(bend: float) -> list[StepPoint]:
+        return ([point("decode", b, c, 1, bend) for b in (1, 2, 4, 8, 16, 32, 64) for c in (128, 512)]
+                + [point("verify", b, c, q, bend) for b in (1, 2, 4, 8, 16, 32) for c in (128, 512) for q in (2, 3)])
+
+    bent = fit_profile(grid(b2))
+    assert bent["decode"].knee == bent["verify"].knee == knee
+    assert bent["decode"].b2 == pytest.approx(b2, rel=1e-6) and bent["decode"].rel_rms_error < 1e-9
+    assert bent["decode"].b_past_knee == pytest.approx(B + b2, rel=1e-6)
+    assert bent["decode"].seconds(40, 256, 1) == pytest.approx(A + B * 40 + b2 * 28 + C * 40 * 256, rel=1e-6)
+    straight = fit_profile(grid(0.0))
+    assert straight["decode"].b2 == 0.0 and straight["decode"].knee == 0.0
+
+
+def test_a_profile_written_before_the_knee_loads_without_one(tmp_path):
+    points = synthetic("decode", 1)
+    data = profile_model.Profile("m", "cpu", "float32", {}, "abc", "now", points, fit_profile(points)).to_json()
+    for fit in data["fit"].values():
+        del fit["knee"], fit["b2"]
+    decode = profile_model.from_json(data).fit["decode"]
+    assert (decode.knee, decode.b2) == (0.0, 0.0) and decode.seconds(4, 128, 1) == pytest.approx(A + B * 4 + C * 512)
+
+
+def test_refit_fits_a_stored_profile_again_from_its_points_and_keeps_what_was_measured(tmp_path):
+    points = synthetic("decode", 1)
+    stale = profile_model.StepFit(1.0, 0.0, 0.0, 0.5, len(points))
+    path = tmp_path / "p.json"
+    profile_model.save(profile_model.Profile("m", "cpu", "float32", {"cores": 2}, "abc", "then", points,
+                                             {"decode": stale}), path)
+    result = CliRunner().invoke(app, ["engine", "refit-profile", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "decode: ±0.0% (was ±50.0%)" in result.output
+    refitted = profile_model.load(path)
+    assert refitted.points == points and (refitted.engine_commit, refitted.created) == ("abc", "then")
+    assert refitted.fit["decode"].a == pytest.approx(A, rel=1e-9)
+
+
 def test_a_point_is_fitted_on_the_tokens_its_steps_computed():
     points = [StepPoint("decode", b, c, 1, A + B * b * 3 + C * b * 3 * c, 0.0, 1, tokens=b * 3)
               for b in (1, 2, 4, 8) for c in (128, 512)]

@@ -60,7 +60,8 @@ class StepFit:
     def seconds(self, batch: float, context: float, q: float) -> float:
         """q may be fractional: the mean tokens per sequence of a step where only some sequences draft."""
         tokens = batch * q
-        bend = self.b2 * np.maximum(tokens - self.knee, 0.0) if self.b2 else 0.0     # arrays too (the simulator)
+        past = np.maximum(tokens - self.knee, 0.0) if isinstance(tokens, np.ndarray) else max(tokens - self.knee, 0.0)
+        bend = self.b2 * past if self.b2 else 0.0          # arrays (the simulator) stay arrays, floats floats
         return self.a + self.s * batch + self.b * tokens + bend + self.c * tokens * context
 
     @property

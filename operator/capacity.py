@@ -249,6 +249,7 @@ class ReplicaBounds(Protocol):
 class Load:
     rps: float | None            # arrivals plus the autoscaler's headroom (requests/s)
     serving: int                 # pods that serve it (0: those the load needs)
+    backlog: float | None = None  # requests that waited through the window (None: unknown)
 
 
 def replicas_for(rps: float, per_replica: float) -> int:
@@ -269,6 +270,16 @@ def affordable_k(model: ServiceModel, policy: ReplicaBounds, load: Load | None, 
     return next((k for k in range(upto, 0, -1) if not costs_replicas(model, policy, load, alpha, k, margin)), 0)
 
 
+def carried(model: ServiceModel, load: Load) -> bool:
+    """The fleet keeps up with `load` as it runs now, whatever the model prices: what stood in its queue
+    through the window waits, at the rate it admits requests, under half the TTFT target (Little's law).
+    Closed-loop clients send faster when answers come faster, so the load measured while speculating can
+    exceed the model's capacity with no queue building."""
+    if load.backlog is None or not load.rps:
+        return False
+    return load.backlog / load.rps < model.ttft_s / 2
+
+
 def costs_replicas(model: ServiceModel, policy: ReplicaBounds, load: Load | None, alpha: float, k: int,
                    margin: float = 0.0) -> str:
     """Why speculating at depth k needs more replicas for the load than not speculating; "" when it
@@ -279,6 +290,8 @@ def costs_replicas(model: ServiceModel, policy: ReplicaBounds, load: Load | None
         return ""
     on, off = model.replica_rps(policy.utilization, alpha, k), model.replica_rps(policy.utilization)
     if on >= off:
+        return ""
+    if policy.fixed_replicas and margin == 0 and carried(model, load):
         return ""
     needed = max(math.ceil(load.rps / off - 1e-9), policy.min_replicas)
     if policy.fixed_replicas and load.serving > 0:

@@ -7,7 +7,8 @@ per-token probability of the goodput model). So does the draft share: n-gram dra
 for only some sequence-steps, and only those verify (and gain) anything. The goodput model gives k*(batch, a) and
 maxBatchForSpeculation(a). Hysteresis on both thresholds: on -> off when the batch exceeds the
 threshold by `batch_hysteresis` or a falls `acceptance_hysteresis` below `minAcceptanceRate`;
-off -> on only when both clear by the same margins. A state is kept at least `dwell_s` (longer for
+off -> on only when both clear by the same margins; acceptance counts as low only when it is low by
+two standard errors of the window's drafts. A state is kept at least `dwell_s` (longer for
 the vLLM runtime, where a switch is a rolling restart). While off without counterfactual evidence it
 re-probes: on for one dwell every `reprobe_s`, if the batch allows.
 
@@ -17,12 +18,15 @@ It stays on only while it is free: while the replicas the load needs without it 
 utilization, at least `min_replicas`; all serving ones with a fixed replica count) also carry the
 load with it. Otherwise k steps down to the
 deepest free depth, or speculation goes off (`CostsReplicas`); it comes back when the load clears
-that bound by `batch_hysteresis`. On a surge (`on_surge`, from surge detection between intervals) the
+that bound by `batch_hysteresis`. A fixed fleet speculating whose queue drains (what stands in it through a
+window waits under half the TTFT target: `capacity.carried`) carries its load as it is, so speculation
+stays on there whatever the capacity model prices. On a surge (`on_surge`, from surge detection between intervals) the
 check runs at once on the short window, past the dwell: switching speculation off is the only
 capacity that arrives before new pods do.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from specfleet.operator.capacity import (TARGET_UTILIZATION, Load, ServiceModel, affordable_k, alpha_from_acceptance,
@@ -91,7 +95,7 @@ def decide(window: Window | None, model: ServiceModel, policy: SpeculationPolicy
         return _forced_on(model, policy, state, batch_per_pod, alpha, now)
     load = _load(window, headroom)
     if state.enabled:
-        return _while_on(model, policy, state, batch_per_pod, alpha, now, load)
+        return _while_on(model, policy, state, batch_per_pod, alpha, now, load, _alpha_high(window, state, alpha))
     return _while_off(model, policy, state, batch_per_pod, alpha, now, load)
 
 
@@ -106,7 +110,16 @@ def _admitted(window: Window) -> float | None:
 
 def _load(window: Window, headroom: float) -> Load:
     admitted = _admitted(window)
-    return Load(None if admitted is None else admitted + headroom, window.pods_scraped)
+    return Load(None if admitted is None else admitted + headroom, window.pods_scraped, _backlog(window))
+
+
+def _backlog(window: Window) -> float | None:
+    """Requests that waited through the window: the fewer of those waiting at its two ends. A request that
+    arrives between two steps waits until the next one; a queue that is empty at either end was drained."""
+    if window.queue_depth is None or window.queue_growth_per_second is None:
+        return None
+    before = window.queue_depth - window.queue_growth_per_second * (window.end - window.start)
+    return max(0.0, min(window.queue_depth, before))
 
 
 def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPolicy, state: SpeculationState,
@@ -130,6 +143,17 @@ def _alpha(window: Window, state: SpeculationState) -> float | None:
     k = window.num_speculative_tokens or state.k or 1
     rate = window.acceptance_rate if state.enabled else window.counterfactual_acceptance_rate
     return None if rate is None else alpha_from_acceptance(rate, k)
+
+
+def _alpha_high(window: Window, state: SpeculationState, alpha: float | None) -> float | None:
+    """The acceptance probability two standard errors above the measured one, drafts as the trials: a few
+    drafts in a short window (the end of a ramp, a 2 s interval) cannot show acceptance too low on their
+    own. Without a draft count, the measured value."""
+    if alpha is None or not window.drafts or window.acceptance_rate is None:
+        return alpha
+    rate = window.acceptance_rate
+    high = min(1.0, rate + 2 * math.sqrt(max(rate * (1 - rate), 0.0) / window.drafts))
+    return alpha_from_acceptance(high, window.num_speculative_tokens or state.k or 1)
 
 
 def _share(window: Window, state: SpeculationState) -> float | None:
@@ -156,13 +180,13 @@ def _forced_on(model, policy, state, batch, alpha, now):
     return _switch(state, True, k, "Forced", f"speculation.mode is on; k={k}", now, alpha, None)
 
 
-def _while_on(model, policy, state, batch, alpha, now, load=None):
+def _while_on(model, policy, state, batch, alpha, now, load=None, alpha_high=None):
     if alpha is None:
         return _hold(state, "MetricsUnavailable", "no drafted tokens in the window; holding"), state
     threshold = model.max_batch_for_speculation(alpha)
     seen = f"batch {batch:.1f}, acceptance {alpha:.2f}, speculation pays up to batch {threshold}"
     dwelling = now - state.since < policy.dwell_s
-    if alpha < policy.min_acceptance - policy.acceptance_hysteresis:
+    if (alpha if alpha_high is None else alpha_high) < policy.min_acceptance - policy.acceptance_hysteresis:
         if dwelling:
             return _hold(state, "Dwell", f"would turn off (low acceptance); {seen}", alpha, threshold), state
         return _switch(state, False, state.k, "LowAcceptance", f"acceptance {alpha:.2f} < minAcceptanceRate "

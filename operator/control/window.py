@@ -138,6 +138,7 @@ class Window:
     generation_tokens_per_second: float | None = None
     acceptance_rate: float | None = None             # accepted / drafted tokens while on
     mean_accepted_length: float | None = None        # 1 + accepted tokens per draft
+    drafts: float | None = None                      # drafts verified in the window: the evidence behind both
     counterfactual_acceptance_rate: float | None = None
     draft_share: float | None = None                 # drafted tokens / (k x decoding sequence-steps) while on
     counterfactual_draft_share: float | None = None  # sequence-steps with an n-gram guess while off
@@ -215,6 +216,7 @@ def build_window(prev: Mapping[str, Scrape], cur: Mapping[str, Scrape], expected
         generation_tokens_per_second=_rate(d.counter(GENERATION_TOKENS), seconds),
         acceptance_rate=accepted / drafts if drafts and accepted is not None else None,
         mean_accepted_length=1 + accepted / d.counter(DRAFTS) if d.counter(DRAFTS) and accepted is not None else None,
+        drafts=d.counter(DRAFTS),
         counterfactual_acceptance_rate=cf_accepted / cf_drafts if cf_drafts and cf_accepted is not None else None,
         draft_share=_draft_share(drafts, d.counter(SPEC_SEQ_STEPS), _int(_gauge_max(now, SPEC_K))),
         counterfactual_draft_share=_share(d.counter(CF_GUESS_SEQ_STEPS), d.counter(CF_SEQ_STEPS)),

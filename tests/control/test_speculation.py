@@ -126,3 +126,37 @@ def test_a_load_near_one_replica_fewer_does_not_switch_speculation_back_on(model
     edge = make_window(rps=3.02 * off, pods=4, batch=30, acceptance=None, counterfactual=0.8, k=4)
     d, _ = feed(model, [edge], s.SpeculationState(False, 4, since=0.0))
     assert not d[0].enabled and d[0].reason == "CostsReplicas"
+
+
+def test_a_fixed_fleet_whose_queue_drains_keeps_speculating_at_a_load_the_model_prices_above_it(model, make_window):
+    """Closed-loop clients send faster when answers come faster: on a fixed fleet the load measured while
+    speculating can exceed what the model says a replica carries while its queue keeps draining. Then the
+    fleet carries it as it runs: no CostsReplicas (which, with the off-state load below the model's
+    capacity, switched speculation on and off every dwell on real engines). A queue that stands through
+    the window longer than half the TTFT target still counts."""
+    fixed = replace(POLICY, fixed_replicas=True)
+    a = alpha_from_acceptance(0.6, 1)
+    assert model.replica_rps(fixed.utilization, a, 1) < model.replica_rps(fixed.utilization)    # drafts cost here
+    over = 3 * model.replica_rps(fixed.utilization)
+    quick = 0.4 * model.ttft_s * over            # waits 0.4 x the TTFT target at the admitted rate
+    slow = 0.6 * model.ttft_s * over
+    for queue, growth, on in [(0.0, 0.0, True), (quick, 0.0, True), (slow, 0.0, False),
+                              (0.0, -slow / 15, True),           # it stood at the start only: drained
+                              (slow + quick, quick / 15, False)]:
+        window = make_window(rps=over, pods=1, batch=20, acceptance=0.6, k=1, queue=queue, growth=growth)
+        d, _ = feed(model, [window], s.SpeculationState(True, 1, since=0.0), policy=fixed)
+        assert d[0].enabled == on and (on or d[0].reason == "CostsReplicas"), (queue, growth, d[0])
+    autoscaled = make_window(rps=over, pods=1, batch=20, acceptance=0.6, k=1, queue=0.0, growth=0.0)
+    d, _ = feed(model, [autoscaled], s.SpeculationState(True, 1, since=0.0))
+    assert not d[0].enabled and d[0].reason == "CostsReplicas"       # the autoscaler sizes by the model
+
+
+def test_acceptance_just_below_the_floor_turns_speculation_off_only_on_enough_drafts(model, make_window):
+    """0.15 accepted per drafted token at k=4 is below minAcceptanceRate; on 40 drafts (a 2 s window at
+    the end of a ramp) that is within two standard errors of the floor, on 4,000 it is not."""
+    low = make_window(rps=4.0, batch=8, acceptance=0.15, k=4)
+    assert alpha_from_acceptance(0.15, 4) < POLICY.min_acceptance - POLICY.acceptance_hysteresis
+    d, _ = feed(model, [replace(low, drafts=40.0)], s.SpeculationState(True, 4, since=0.0))
+    assert d[0].enabled
+    d, _ = feed(model, [replace(low, drafts=4000.0)], s.SpeculationState(True, 4, since=0.0))
+    assert not d[0].enabled and d[0].reason == "LowAcceptance"

@@ -189,3 +189,13 @@ def test_passes_merge_into_the_median_of_their_medians_with_a_spread_covering_th
     merged = merge_passes(passes)
     assert merged.median_s == pytest.approx(0.046) and merged.repeats == 15 and merged.tokens == 4
     assert merged.spread_s == pytest.approx(0.051 - 0.039)
+
+
+def test_a_bent_fit_prices_floats_as_floats_and_arrays_as_arrays():
+    """Plans are written as YAML/JSON: a numpy scalar from the knee term would not serialize."""
+    import numpy as np
+
+    fit = profile_model.StepFit(A, B, C, 0.0, 10, knee=12.0, b2=-B / 2)
+    assert type(fit.seconds(20, 256, 1)) is float
+    batches = np.array([4.0, 20.0])
+    assert fit.seconds(batches, 256, 1).tolist() == pytest.approx([fit.seconds(4, 256, 1), fit.seconds(20, 256, 1)])

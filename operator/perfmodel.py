@@ -207,19 +207,31 @@ def max_batch_for_speculation(model: ModelShape, cal: Calibration, ctx: int, alp
 
 def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: int, limit: int = 4096,
                                  draft: DraftTime = no_draft_cost, share: float = 1.0) -> int:
-    """The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound),
-    so the crossover is found by doubling then bisection."""
+    """The largest batch at which speculation pays (k* > 0), up to `limit`; 0 where it never does.
+
+    The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound), but
+    not always monotonically: a measured cost with a knee (few-row kernels below it, `profile_model`)
+    can leave a gap of batches just below the knee where verification's extra rows cost more per token,
+    with speculation paying again past it. A search that stopped at the first crossing reported 5-6
+    there while the model said it paid to ~30. So the batches are scanned on a grid (each one up to 32,
+    then 1/16 apart) and the last paying one is refined by bisection."""
     def pays(b: int) -> bool:
         return best_k_of(cost, b, ctx, alpha, max_k, draft, share) > 0
 
-    if max_k <= 0 or not pays(1):
+    if max_k <= 0:
         return 0
-    lo, hi = 1, 2
-    while hi <= limit and pays(hi):
-        lo, hi = hi, hi * 2
-    if hi > limit:
-        return limit if pays(limit) else _bisect(pays, lo, limit)
-    return _bisect(pays, lo, hi)
+    grid = _batch_grid(limit)
+    last = next((i for i in range(len(grid) - 1, -1, -1) if pays(grid[i])), None)
+    if last is None:
+        return 0
+    return grid[last] if last == len(grid) - 1 else _bisect(pays, grid[last], grid[last + 1])
+
+
+def _batch_grid(limit: int) -> list[int]:
+    grid = list(range(1, min(32, limit) + 1))
+    while grid[-1] < limit:
+        grid.append(min(limit, max(grid[-1] + 1, round(grid[-1] * 1.0625))))
+    return grid
 
 
 def break_even_batch(cost: StepCost, ctx: int, alpha: float, k: int, limit: float = 4096.0,

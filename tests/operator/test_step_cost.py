@@ -196,3 +196,16 @@ def test_a_draft_share_below_one_lowers_both_the_gain_and_the_cost_of_speculatin
     model = capacity.service_model(spec, plan, gpus, models).with_draft_share(0.5)
     assert model.step(8, 4) == pytest.approx(model.cost.step(8, model.ctx, 3.0))
     assert model.prefill_room(8, 4) == model.chunk - 24
+
+
+def test_the_speculation_threshold_is_the_last_batch_that_pays_past_a_gap_below_the_knee(make_spec):
+    """The shipped SmolLM2 profile bends at 16 tokens: just below it a verify step's extra rows cost the
+    few-row price, so at a = 0.5 speculation stops paying for some batches and pays again past them.
+    The threshold is where it stops for good, not the first gap."""
+    spec = make_spec(**CPU)
+    plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
+    model = capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models()).with_draft_share(0.3)
+    pays = [pm.best_k_of(model.cost, b, model.ctx, 0.5, 4, model.draft, model.draft_share) > 0 for b in range(1, 200)]
+    threshold = model.max_batch_for_speculation(0.5)
+    assert pays[0] and not all(pays[:threshold]), "no gap: the test lost its case"
+    assert pays[threshold - 1] and not any(pays[threshold:])

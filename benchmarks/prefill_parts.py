@@ -23,21 +23,12 @@ import threading
 import time
 from pathlib import Path
 
+from cpu_backend import median_ms      # benchmarks/cpu_backend.py: warm-up, then the median of the calls
+
 RESULTS = Path(__file__).parent / "results"
 LINEARS = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->3072": (576, 3072),
            "down 1536->576": (1536, 576)}
 LAYERS = 30
-
-
-def median_ms(fn, calls: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def prefill_steps(tokens: int, repeats: int) -> list[float]:

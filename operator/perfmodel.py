@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Iterable, Protocol, Sequence
 
 GiB = 1024 ** 3
@@ -212,9 +213,9 @@ def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: 
     The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound), but
     not always monotonically: a measured cost with a knee (few-row kernels below it, `profile_model`)
     can leave a gap of batches just below the knee where verification's extra rows cost more per token,
-    with speculation paying again past it. A search that stopped at the first crossing reported 5-6
-    there while the model said it paid to ~30. So the batches are scanned on a grid (each one up to 32,
-    then 1/16 apart) and the last paying one is refined by bisection."""
+    with speculation paying again past it (SmolLM2's CPU profile at a = 0.5: batches 1-6 and 13-17). A
+    search that stopped at the first crossing reported 6 there. So the batches are scanned on a grid
+    (each one up to 32, then 1/16 apart) and the last paying one is refined by bisection."""
     def pays(b: int) -> bool:
         return best_k_of(cost, b, ctx, alpha, max_k, draft, share) > 0
 
@@ -227,11 +228,12 @@ def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: 
     return grid[last] if last == len(grid) - 1 else _bisect(pays, grid[last], grid[last + 1])
 
 
-def _batch_grid(limit: int) -> list[int]:
+@lru_cache(maxsize=8)
+def _batch_grid(limit: int) -> tuple[int, ...]:
     grid = list(range(1, min(32, limit) + 1))
     while grid[-1] < limit:
         grid.append(min(limit, max(grid[-1] + 1, round(grid[-1] * 1.0625))))
-    return grid
+    return tuple(grid)
 
 
 def break_even_batch(cost: StepCost, ctx: int, alpha: float, k: int, limit: float = 4096.0,

@@ -74,6 +74,10 @@ def _created(pod: dict) -> tuple[str, str]:
     return pod["metadata"].get("creationTimestamp") or "", pod["metadata"]["name"]
 
 
+def _key(pod: dict) -> str:
+    return pod["metadata"].get("uid") or pod["metadata"]["name"]
+
+
 @dataclass
 class SchedulingQueue:
     """The order pending pods entered the queue: a sequence number per pod uid, given when first seen."""
@@ -85,13 +89,12 @@ class SchedulingQueue:
         """`pending` in queue order; pods seen for the first time join at the end, oldest first. Pods no
         longer pending leave the queue."""
         for pod in sorted(pending, key=_created):
-            uid = pod["metadata"].get("uid") or pod["metadata"]["name"]
-            if uid not in self.entered:
-                self.entered[uid] = self.next_number
+            if _key(pod) not in self.entered:
+                self.entered[_key(pod)] = self.next_number
                 self.next_number += 1
-        keys = {pod["metadata"].get("uid") or pod["metadata"]["name"] for pod in pending}
-        self.entered = {uid: n for uid, n in self.entered.items() if uid in keys}
-        return sorted(pending, key=lambda p: self.entered[p["metadata"].get("uid") or p["metadata"]["name"]])
+        keys = {_key(pod) for pod in pending}
+        self.entered = {key: n for key, n in self.entered.items() if key in keys}
+        return sorted(pending, key=lambda pod: self.entered[_key(pod)])
 
 
 def schedule(pending: list[dict], bound: list[dict], allocatable: dict[str, int]) -> list[Decision]:

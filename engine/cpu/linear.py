@@ -88,7 +88,8 @@ def calibrate_small_rows(model: nn.Module) -> dict[tuple[int, int], int]:
             for linear in linears:
                 linear.small_rows = limits[shape]
     if limits:
-        log.info("few-row linear limits measured in %.1f s: %s", time.perf_counter() - start, ", ".join(f"{i}->{o}: {n}" for (i, o), n in limits.items()))
+        shown = ", ".join(f"{i}->{o}: {n}" for (i, o), n in limits.items())
+        log.info("few-row linear limits measured in %.1f s: %s", time.perf_counter() - start, shown)
     return limits
 
 

@@ -139,10 +139,14 @@ def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPoli
 
 
 
+def _depth(window: Window, state: SpeculationState) -> int:
+    """The k the window's acceptance was measured at."""
+    return window.num_speculative_tokens or state.k or 1
+
+
 def _alpha(window: Window, state: SpeculationState) -> float | None:
-    k = window.num_speculative_tokens or state.k or 1
     rate = window.acceptance_rate if state.enabled else window.counterfactual_acceptance_rate
-    return None if rate is None else alpha_from_acceptance(rate, k)
+    return None if rate is None else alpha_from_acceptance(rate, _depth(window, state))
 
 
 def _alpha_high(window: Window, state: SpeculationState, alpha: float | None) -> float | None:
@@ -153,7 +157,7 @@ def _alpha_high(window: Window, state: SpeculationState, alpha: float | None) ->
         return alpha
     rate = window.acceptance_rate
     high = min(1.0, rate + 2 * math.sqrt(max(rate * (1 - rate), 0.0) / window.drafts))
-    return alpha_from_acceptance(high, window.num_speculative_tokens or state.k or 1)
+    return alpha_from_acceptance(high, _depth(window, state))
 
 
 def _share(window: Window, state: SpeculationState) -> float | None:

@@ -268,6 +268,7 @@ class Sample:
     speculating: bool | None
     threshold: int | None
     reason: str | None = None             # the SpeculationActive condition's reason (why it holds)
+    scales: tuple[float, float] | None = None   # status.calibration's (decodeScale, verifyScale), once online
 
 
 SERIES = ("specfleet:batch_size_sum", "specfleet:batch_size_count", "vllm:generation_tokens_total")
@@ -289,6 +290,13 @@ def scrape(url: str) -> tuple[dict[str, float], list[tuple[float, float]]]:
 
 
 THRESHOLD = re.compile(r"pays up to batch (\d+)")
+
+
+def reported_scales(service: dict) -> tuple[float, float] | None:
+    calibration = (service.get("status") or {}).get("calibration") or {}
+    if "decodeScale" not in calibration:
+        return None
+    return calibration["decodeScale"], calibration["verifyScale"]
 
 
 def reported_threshold(service: dict) -> tuple[int | None, str | None]:
@@ -322,8 +330,9 @@ class Poller(threading.Thread):
         url, token = self.fleet.pod()
         counters, buckets = scrape(url)
         speculating = self.fleet.get(url + "/admin/speculation", token)["enabled"] if token else None
-        return Sample(time.monotonic() - self.t0, counters, buckets, speculating,
-                      *reported_threshold(self.fleet.service()))
+        service = self.fleet.service()
+        return Sample(time.monotonic() - self.t0, counters, buckets, speculating, *reported_threshold(service),
+                      reported_scales(service))
 
 
 # -- reduction -------------------------------------------------------------------------------------------------
@@ -362,6 +371,8 @@ def span_figures(requests: list[Request], samples: list[Sample], start: float, e
     itl = (itl_histogram(pair[1]).minus(itl_histogram(pair[0]))
            if pair and len(pair[0].itl_buckets) == len(pair[1].itl_buckets) else None)
     states = [s.speculating for s in samples if start <= s.t < end and s.speculating is not None]
+    scales = [s.scales for s in samples if start <= s.t < end and s.scales is not None]
+    median = lambda values: round(statistics.median(values), 3) if values else None      # noqa: E731
     ms = lambda v: None if v is None else round(v * 1000, 1)                      # noqa: E731
     return {"throughput_tok_s": round(sum(r.tokens for r in ended) / seconds, 2),
             "goodput_tok_s": round(sum(r.tokens for r in good) / seconds, 2),
@@ -372,6 +383,7 @@ def span_figures(requests: list[Request], samples: list[Sample], start: float, e
             "tpot_p99_ms": ms(percentile([r.tpot_s for r in ended if r.tpot_s is not None], 0.99)),
             "batch_mean": round(delta(pair, "specfleet:batch_size_sum") / count, 2) if count else None,
             "speculation_on_share": round(sum(states) / len(states), 3) if states else None,
+            "decode_scale": median([d for d, _ in scales]), "verify_scale": median([v for _, v in scales]),
             "requests": len(ended), "failed": sum(1 for r in requests if start <= r.end < end and r.error)}
 
 

@@ -125,6 +125,13 @@ class ServiceModel:
         return pm.best_k_of(self.cost, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft,
                             self.draft_share)
 
+    def speedup(self, batch: float, alpha: float) -> float:
+        """Goodput at the best depth over goodput without speculation, at `batch` (1.0: none pays)."""
+        b = max(1, round(batch))
+        rates = [pm.goodput_of(self.cost, b, self.ctx, alpha, k, self.draft, self.draft_share)
+                 for k in range(self.max_k + 1)]
+        return max(rates) / rates[0]
+
     def with_draft_share(self, share: float | None) -> "ServiceModel":
         """The model at an observed draft share (rounded, so that the sizing caches stay small)."""
         if share is None:

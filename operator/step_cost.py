@@ -41,10 +41,13 @@ class CostSource:
     fit_error: float | None = None       # relative RMS against the observed steps (before any: the profile's own)
     samples: int = 0                     # observed steps behind an online refinement
     reason: str = ""                     # why the roofline is used, or which of the profile's fits are not
+    scales: tuple[float, float] | None = None   # a refined profile's (decode, verify) scales
 
     def as_status(self) -> dict:
         out = {"source": self.source, "profile": self.profile,
                "fitError": None if self.fit_error is None else round(self.fit_error, 4), "samples": self.samples}
+        if self.scales is not None:
+            out |= {"decodeScale": round(self.scales[0], 4), "verifyScale": round(self.scales[1], 4)}
         return {**out, "reason": self.reason} if self.reason else out
 
 
@@ -70,8 +73,13 @@ class ProfileCost:
         plain = self.decode_scale * max(self.decode.seconds(batch, ctx, q), MIN_SECONDS)
         if q <= 1:
             return plain
+        return max(self.verified(batch, ctx, q), plain)
+
+    def verified(self, batch: float, ctx: int, q: float) -> float:
+        """The verify fit alone at its scale (the decode fit's where there is none): what the verify scale
+        is refined against, so that it tracks the verify steps even while the decode floor prices them."""
         fit = self.verify if self.verify is not None else self.decode
-        return max(self.verify_scale * max(fit.seconds(batch, ctx, q), MIN_SECONDS), plain)
+        return self.verify_scale * max(fit.seconds(batch, ctx, q), MIN_SECONDS)
 
     def mixed(self, batch: int, ctx: int, tokens: int) -> float:
         """The decodes' step plus the prompt tokens' share of a prefill step. A prompt chunk attends to
@@ -115,15 +123,15 @@ class ObservedStep:
     """The mean step of one batch bucket: `batch` sequences of `q` tokens, `extra` prompt tokens."""
 
     batch: int
-    q: int
+    q: float                             # tokens per sequence: 1 + draft share x k while speculating
     extra: int
     seconds: float
     weight: float                        # steps behind the mean
 
 
-def predicted(cost: StepCost, s: ObservedStep, ctx: int) -> float:
-    """The cost's time of an observed step: its decode/verify part plus its prompt tokens."""
-    base = cost.step(s.batch, ctx, s.q)
+def predicted(cost: StepCost, s: ObservedStep, ctx: int, base: float | None = None) -> float:
+    """The cost's time of an observed step: its decode/verify part (`base` if given) plus its prompt tokens."""
+    base = cost.step(s.batch, ctx, s.q) if base is None else base
     if s.extra <= 0:
         return base
     return base + cost.mixed(s.batch, ctx, s.batch + s.extra) - cost.step(s.batch, ctx, 1)
@@ -141,19 +149,23 @@ def fit_error(cost: StepCost, steps: Sequence[ObservedStep], ctx: int) -> float 
 def refine(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int, blend: float) -> ProfileCost:
     """The profile with its per-kind scales moved `blend` of the way (in log space) toward the ratio of
     observed to predicted step time, bounded to [1 / SCALE_BOUND, SCALE_BOUND]; kinds without evidence
-    keep their scale."""
-    plain = [s for s in steps if s.q == 1]
+    keep their scale. Speculative steps are compared with the verify fit alone (`ProfileCost.verified`),
+    not with the decode floor `step` may price them at: against the floor, the verify scale would move
+    without changing any price, until it jumped past the floor (a threshold of 53 one interval, 5 the
+    next, in the closed loop of docs/control.md)."""
+    plain = [s for s in steps if s.q <= 1]
     speculative = [s for s in steps if s.q > 1]
-    return replace(cost, decode_scale=_moved(cost.decode_scale, _ratio(cost, plain, ctx), blend),
-                   verify_scale=_moved(cost.verify_scale, _ratio(cost, speculative, ctx), blend))
+    return replace(cost, decode_scale=_moved(cost.decode_scale, _ratio(cost, plain, ctx, cost.step), blend),
+                   verify_scale=_moved(cost.verify_scale, _ratio(cost, speculative, ctx, cost.verified), blend))
 
 
-def _ratio(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int) -> float | None:
-    """Weighted geometric mean of observed / predicted (None: no evidence)."""
+def _ratio(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int, base) -> float | None:
+    """Weighted geometric mean of observed / predicted, the decode/verify part priced by `base(batch, ctx,
+    q)` (None: no evidence)."""
     total = sum(s.weight for s in steps)
     if total <= 0:
         return None
-    logs = sum(s.weight * math.log(s.seconds / predicted(cost, s, ctx)) for s in steps)
+    logs = sum(s.weight * math.log(s.seconds / predicted(cost, s, ctx, base(s.batch, ctx, s.q))) for s in steps)
     return math.exp(logs / total)
 
 

@@ -28,7 +28,7 @@ import httpx
 
 from specfleet.operator import api, capacity, catalogs, model_folder, planner, render, status
 from specfleet.operator.control import discovery, loop, scale_down, speculation, telemetry
-from specfleet.operator.control.calibration import recalibrate
+from specfleet.operator.control.calibration import recalibrate_from
 from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.window import Scrape, Window, build_window
 from specfleet.operator.metrics_source import scrape_pods, set_speculation
@@ -88,7 +88,7 @@ class ServiceControl:
         st.prev = {**{p: s for p, s in st.prev.items() if p in endpoints}, **scrapes}
         st.recent = dict(st.prev)
         if window is not None and window.complete and st.speculation is not None:
-            st.model = recalibrate(st.model, window.steps, st.speculation.k)
+            st.model = recalibrate_from(st.model, window, st.speculation.k)
         waiting = tuple(p.unschedulable for p in discovery.unschedulable(pods))
         step = loop.decide_step(window, spec, plan, st, current, ready, self.clock(), when, waiting)
         step.budget, at_risk, events = loop.observe_budget(st, scrapes, set(endpoints), self.clock(),

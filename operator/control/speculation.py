@@ -165,6 +165,13 @@ def _share(window: Window, state: SpeculationState) -> float | None:
     return window.draft_share if state.enabled else window.counterfactual_draft_share
 
 
+def _pays(model: ServiceModel, batch: float, alpha: float, threshold: int) -> str:
+    """The threshold, with the speed-up the model prices at this batch: where that stays near 1 over a
+    wide range of batches (a CPU), a few percent in a step-cost scale move the threshold a long way."""
+    return (f"speculation pays up to batch {threshold} (x{model.speedup(batch, alpha):.2f} here, draft share "
+            f"{model.draft_share:.2f})")
+
+
 def _hold(state: SpeculationState, reason: str, message: str, alpha=None, threshold=None) -> SpeculationDecision:
     return SpeculationDecision(state.enabled, state.k, reason, message, False, alpha, threshold)
 
@@ -188,7 +195,7 @@ def _while_on(model, policy, state, batch, alpha, now, load=None, alpha_high=Non
     if alpha is None:
         return _hold(state, "MetricsUnavailable", "no drafted tokens in the window; holding"), state
     threshold = model.max_batch_for_speculation(alpha)
-    seen = f"batch {batch:.1f}, acceptance {alpha:.2f}, speculation pays up to batch {threshold}"
+    seen = f"batch {batch:.1f}, acceptance {alpha:.2f}, {_pays(model, batch, alpha, threshold)}"
     dwelling = now - state.since < policy.dwell_s
     if (alpha if alpha_high is None else alpha_high) < policy.min_acceptance - policy.acceptance_hysteresis:
         if dwelling:
@@ -232,7 +239,7 @@ def _while_off(model, policy, state, batch, alpha, now, load=None):
         return _hold(state, "NoAcceptanceEvidence", f"off; batch {batch:.1f}; next probe after "
                      f"{policy.reprobe_s:g} s off", None, threshold), state
     threshold = model.max_batch_for_speculation(alpha)
-    seen = f"batch {batch:.1f}, counterfactual acceptance {alpha:.2f}, speculation pays up to batch {threshold}"
+    seen = f"batch {batch:.1f}, counterfactual acceptance {alpha:.2f}, {_pays(model, batch, alpha, threshold)}"
     clears = (alpha >= policy.min_acceptance + policy.acceptance_hysteresis
               and batch < threshold * (1 - policy.batch_hysteresis))
     k = min(model.best_k(batch, alpha), policy.max_k)

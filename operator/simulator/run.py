@@ -12,7 +12,7 @@ from specfleet.operator import catalogs, planner
 from specfleet.operator.catalogs import normalize
 from specfleet.operator.control import autoscaler, coordinator, speculation
 from specfleet.operator.capacity import ServiceModel, service_model
-from specfleet.operator.control.calibration import recalibrate
+from specfleet.operator.control.calibration import recalibrate_from
 from specfleet.operator.control.window import build_window
 from specfleet.operator.simulator import policies as P
 from specfleet.operator.simulator.fleet import SimulatedFleet
@@ -142,7 +142,7 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
         window = build_window(prev, cur, expected=len(cur))
         prev = recent = cur
         if window is not None and window.complete:
-            model = recalibrate(model, window.steps, k)
+            model = recalibrate_from(model, window, k)
         # Ours judge speculation on the load our autoscaler sizes for (coordinator.interval's order).
         on, new_k, spec_reason = spec_ctl.decide(window, model, t, getattr(scaler, "headroom", lambda _w: 0.0)(window))
         if (on, new_k if on else 0) != (enabled, k if enabled else 0):

@@ -11,9 +11,9 @@ from cost_profiles import cpu_catalog
 
 from specfleet.operator import api, capacity, catalogs, planner, status
 from specfleet.operator.control import calibration, loop, runner
-from specfleet.operator.control.calibration import recalibrate
+from specfleet.operator.control.calibration import recalibrate, recalibrate_from
 from specfleet.operator.control.discovery import EnginePod
-from specfleet.operator.control.window import StepStat
+from specfleet.operator.control.window import StepStat, Window
 from specfleet.operator.step_cost import SCALE_BOUND
 
 EXAMPLE = Path(__file__).parents[2] / "manifests/examples/smollm2-cpu.yaml"
@@ -49,6 +49,24 @@ def test_speculative_steps_refine_the_verify_cost_and_leave_decodes_alone():
     _, model = cpu_service(cpu_catalog())
     refined = recalibrate(model, observed(model, 0.5, speculating=True, k=3), k=3)
     assert refined.profile.decode_scale == 1.0 and refined.profile.verify_scale == pytest.approx(0.5 ** 0.5)
+
+
+def test_speculative_steps_count_only_the_drafts_the_window_made():
+    # Half the sequences drafted k = 2: 2 tokens each, not 3. Read as 3, the bucket's steps look cheap
+    # for their tokens and the verify scale falls; at the window's share it stays where the steps are.
+    _, model = cpu_service(cpu_catalog())
+    batch, q = 8, 1 + 0.5 * 2
+    seen = (StepStat(batch, model.profile.verified(batch, model.ctx, q), True, 200, batch * q),)
+    assert recalibrate(model, seen, k=2, draft_share=0.5).profile.verify_scale == pytest.approx(1.0)
+    assert recalibrate(model, seen, k=2).profile.verify_scale < 0.95
+
+
+def test_the_window_gives_the_depth_and_draft_share_it_measured():
+    _, model = cpu_service(cpu_catalog())
+    batch, q = 8, 1 + 0.25 * 3
+    seen = (StepStat(batch, 1.44 * model.profile.verified(batch, model.ctx, q), True, 200, batch * q),)
+    window = Window(0.0, 5.0, 1, 1, draft_share=0.25, num_speculative_tokens=3, steps=seen)
+    assert recalibrate_from(model, window, k=1).profile.verify_scale == pytest.approx(1.2)
 
 
 def test_refinement_stays_within_bounds_of_the_profile():

@@ -160,3 +160,15 @@ def test_acceptance_just_below_the_floor_turns_speculation_off_only_on_enough_dr
     assert d[0].enabled
     d, _ = feed(model, [replace(low, drafts=4000.0)], s.SpeculationState(True, 4, since=0.0))
     assert not d[0].enabled and d[0].reason == "LowAcceptance"
+
+
+def test_a_decision_says_what_speculation_gains_at_the_batch_it_saw(model, make_window):
+    m = threshold_model(model)
+    alpha = alpha_from_acceptance(0.6, 4)
+    mbs = m.max_batch_for_speculation(alpha)
+    low, high = (make_window(rps=0.01, batch=b, acceptance=0.6, counterfactual=0.6, k=4) for b in (1, 2 * mbs))
+    (paying, costly), _ = feed(m, [low, high], s.SpeculationState(True, 4, since=0.0))
+    gain = lambda d: float(d.message.split("(x")[1].split(" ")[0])          # noqa: E731
+    assert f"pays up to batch {mbs} (x" in paying.message and "draft share 1.00" in paying.message
+    assert gain(paying) > 1.0 >= gain(costly) and costly.reason == "BatchAboveThreshold"
+    assert gain(paying) == round(m.speedup(1, alpha), 2)

@@ -112,6 +112,19 @@ def test_refinement_moves_each_step_kind_toward_what_was_observed():
     assert fit_error(refined, [plain, verify], 300) < fit_error(cost, [plain, verify], 300)
 
 
+def test_the_verify_scale_tracks_verify_steps_while_the_decode_floor_prices_them():
+    # A verify fit cheaper than the decode fit at the same tokens (the shipped SmolLM2 profile's, by its
+    # intercept): `step` prices verification at the decode floor. Refined against that floor, the scale
+    # fell toward 1/5 while the steps took 1.1x the verify fit; it must settle at 1.1.
+    d = CPU_FITS["decode"]
+    cost = replace(cpu_cost(), verify=replace(d, a=0.8 * d.a, b=0.8 * d.b, c=0.8 * d.c))
+    assert cost.verified(8, 300, 3) < cost.step(8, 300, 3)
+    seen = [ObservedStep(8, 3, 0, 1.1 * cost.verified(8, 300, 3), 100)]
+    for _ in range(30):
+        cost = refine(cost, seen, 300, blend=0.5)
+    assert cost.verify_scale == pytest.approx(1.1, rel=1e-3) and cost.decode_scale == 1.0
+
+
 def test_without_a_verify_fit_a_verify_step_is_priced_by_the_decode_fit():
     cost = replace(cpu_cost(), verify=None)
     d = CPU_FITS["decode"]

@@ -1,8 +1,10 @@
-"""CPU attention: a C++ paged-attention kernel for decodes and verifications, torch SDPA for prefills.
+"""CPU attention: C++ paged-attention kernels for decodes and verifications and for prefill chunks.
 
 The torch reference path gathers every sequence's blocks into a padded copy and permutes it for the
 batched matmuls: three copies of the whole context per layer and step, which is most of a CPU decode
-step. `paged_attention.cpp` reads K/V in place through the block table instead. It is compiled once per
+step. `paged_attention.cpp` reads K/V in place through the block table instead. Prefill chunks go to
+`prefill_attention.cpp`, causal tiles that skip the keys a query cannot see (SDPA scores them and masks);
+what it does not cover (not fp32, an odd head size, no 8-wide vectors) keeps SDPA. It is compiled once per
 machine with torch's cpp_extension (g++ and ninja) into `kernel_build_dir()`, under the specfleet cache;
 where that is impossible the engine logs why and keeps the torch path. The same extension carries the
 decoder's fused elementwise steps (`fused_ops.cpp`) and the few-row linear (`linear_small.cpp`), with
@@ -10,11 +12,13 @@ decoder's fused elementwise steps (`fused_ops.cpp`) and the few-row linear (`lin
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import platform
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -22,11 +26,12 @@ import torch
 from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, TorchPagedAttention
 
 log = logging.getLogger(__name__)
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "fused_ops.cpp", "linear_small.cpp")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("paged_attention.cpp", "prefill_attention.cpp", "fused_ops.cpp", "linear_small.cpp")]
 HEADER = Path(__file__).with_name("vec_math.h")
 # -fno-trapping-math lets GCC if-convert vec_math.h's clamps, so its loops vectorize
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "linear_small"]
+FUNCTIONS = ["paged_attention_short", "paged_attention_prefill", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "linear_small"]
 _lock = threading.Lock()
 _module = None
 _error: str | None = None
@@ -42,13 +47,31 @@ def load_kernel():
 
                 build_dir = kernel_build_dir()
                 build_dir.mkdir(parents=True, exist_ok=True)
-                _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[_source(p) for p in SOURCES],
-                                      functions=FUNCTIONS, build_directory=str(build_dir), extra_cflags=CFLAGS,
-                                      extra_ldflags=["-fopenmp"])
+                with builder_lock(build_dir):
+                    _module = load_inline(name="specfleet_cpu_attention", cpp_sources=[_source(p) for p in SOURCES],
+                                          functions=FUNCTIONS, build_directory=str(build_dir), extra_cflags=CFLAGS,
+                                          extra_ldflags=["-fopenmp"])
             except Exception as exc:        # no compiler, no ninja, read-only home: fall back, say why
                 _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
                 log.warning("CPU attention kernel unavailable, using the torch path: %s", _error)
         return _module
+
+
+@contextmanager
+def builder_lock(build_dir: Path):
+    """One builder at a time per build folder, on an OS lock that dies with its holder. torch's own lock
+    is a file that a builder killed mid-compile leaves behind, and every later load then waits on it
+    for ever; under this lock no other builder is running, so such a file is stale and is removed."""
+    with open(build_dir / "specfleet-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = build_dir / "lock"
+            if stale.exists():
+                log.warning("removing a stale build lock left by an interrupted build: %s", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _source(path: Path) -> str:
@@ -94,7 +117,8 @@ def build_error() -> str | None:
 
 
 class CpuPagedAttention(TorchPagedAttention):
-    """Short-query groups through the C++ kernel; prefill chunks through the torch (SDPA) path."""
+    """Short-query groups and prefill chunks through the C++ kernels; the torch (SDPA) path for chunks the
+    prefill kernel does not cover (it answers an empty tensor)."""
 
     def __init__(self, scale: float) -> None:
         super().__init__(scale)
@@ -103,6 +127,8 @@ class CpuPagedAttention(TorchPagedAttention):
     def _group(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                group: AttentionGroup) -> torch.Tensor:
         if group.query_len > SHORT_QUERY:
-            return super()._group(q, k_cache, v_cache, group)
+            out = self.kernel.paged_attention_prefill(q, k_cache, v_cache, group.block_tables, group.context_lens,
+                                                      group.query_len, self.scale)
+            return out if out.numel() else super()._group(q, k_cache, v_cache, group)
         return self.kernel.paged_attention_short(q, k_cache, v_cache, group.block_tables, group.context_lens,
                                                  group.query_len, self.scale)

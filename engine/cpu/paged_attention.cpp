@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -136,17 +135,7 @@ void attend_one(const Shape& s, int64_t seq, const T* q, const T* k_cache, const
   for (int64_t x = 0; x < rows * d; ++x) w.qf[x] = static_cast<float>(q_seq[x]) * scale;
   score_keys<T>(s, w.qf.data(), k_cache, w.slots.data(), ctx, stride, w.scores.data());
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t visible = visible_keys(s, r, ctx);
-    float* row = &w.scores[r * stride];
-    float top = -std::numeric_limits<float>::infinity(), sum = 0.f;
-#pragma omp simd reduction(max : top)
-    for (int64_t pos = 0; pos < visible; ++pos) top = std::max(top, row[pos]);
-#pragma omp simd reduction(+ : sum)
-    for (int64_t pos = 0; pos < visible; ++pos) {
-      row[pos] = specfleet_vec::exp(row[pos] - top);
-      sum += row[pos];
-    }
-    w.sums[r] = sum;
+    w.sums[r] = specfleet_vec::softmax_numerators(&w.scores[r * stride], visible_keys(s, r, ctx));
   }
   weigh_values<T>(s, w.scores.data(), stride, v_cache, w.slots.data(), ctx, w.acc.data());
   T* out_seq = out + seq * rows * d;
@@ -174,15 +163,21 @@ void attend(const Shape& s, const torch::Tensor& q, const torch::Tensor& k_cache
 
 }  // namespace
 
+// The argument checks both paged kernels (this one and prefill_attention.cpp's) make.
+void check_paged_inputs(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& block_tables, const torch::Tensor& context_lens) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [tokens, heads, dim] and cache [blocks, slots, heads, dim]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && context_lens.scalar_type() == torch::kInt32,
+              "block tables and context lengths must be int32");
+}
+
 // q/out [num_seqs * query_len, q_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim];
 // block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32 (keys visible to the last query).
 torch::Tensor paged_attention_short(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                     torch::Tensor block_tables, torch::Tensor context_lens, int64_t query_len,
                                     double scale) {
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [tokens, heads, dim] and cache [blocks, slots, heads, dim]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && context_lens.scalar_type() == torch::kInt32,
-              "block tables and context lengths must be int32");
+  check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens);
   q = q.contiguous();
   block_tables = block_tables.contiguous();
   context_lens = context_lens.contiguous();

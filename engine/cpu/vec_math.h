@@ -31,6 +31,19 @@ inline float exp(float x) {
   return p * __builtin_bit_cast(float, bits);
 }
 
+// row[0, n) -> exp(row - max(row)), the softmax's numerators; returns their sum.
+inline float softmax_numerators(float* row, int64_t n) {
+  float top = -3.4e38f, sum = 0.f;
+#pragma omp simd reduction(max : top)
+  for (int64_t j = 0; j < n; ++j) top = row[j] > top ? row[j] : top;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    row[j] = exp(row[j] - top);
+    sum += row[j];
+  }
+  return sum;
+}
+
 // sum of x[i]^2 in eight interleaved partial sums, which the compiler keeps in one vector register.
 inline float sum_squares(const float* x, int64_t n) {
   float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};

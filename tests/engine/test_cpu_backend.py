@@ -40,6 +40,67 @@ def test_kernel_matches_the_torch_reference(query_lens, context_lens, block_size
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+PREFILL_CASES = [  # query lens, context lens, block size, head dim
+    ([20, 20], [20, 50], 16, 64),              # two fresh-or-cached chunks of one length: one group
+    ([257], [257], 16, 64),                    # a whole prompt, its last tile one token long
+    ([1, 1, 33], [40, 9, 96], 8, 32),          # decodes beside a chunk after a 63-token cached prefix
+    ([17, 31], [17, 31], 16, 128),
+    ([30], [45], 16, 48),                      # a head size of three 16-column strips
+]
+
+
+@pytest.mark.parametrize("query_lens,context_lens,block_size,head_dim", PREFILL_CASES)
+@pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
+def test_the_prefill_kernel_matches_the_torch_reference(query_lens, context_lens, block_size, head_dim, heads):
+    q_heads, kv_heads = heads
+    meta = build_step(query_lens, context_lens, block_size, num_blocks=64, device="cpu")
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache = (torch.randn(64, block_size, kv_heads, head_dim, generator=gen) for _ in range(2))
+    q = torch.randn(sum(query_lens), q_heads, head_dim, generator=gen)
+    expected = TorchPagedAttention(head_dim ** -0.5)(q, k_cache, v_cache, meta)
+    got = cpu_attention.CpuPagedAttention(head_dim ** -0.5)(q, k_cache, v_cache, meta)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_no_key_a_query_cannot_see_reaches_its_output():
+    meta = build_step([40], [100], 16, num_blocks=16, device="cpu")
+    k_cache, v_cache = torch.randn(16, 16, 3, 64), torch.randn(16, 16, 3, 64)
+    q = torch.randn(40, 9, 64)
+    group = meta.groups[0]
+    prefill = cpu_attention.load_kernel().paged_attention_prefill
+    before = prefill(q, k_cache, v_cache, group.block_tables, group.context_lens, 40, 0.125)
+    table = meta.block_tables[0].tolist()
+    for block in set(range(16)) - set(table[:7]):
+        k_cache[block], v_cache[block] = float("nan"), float("nan")
+    k_cache[table[6], 4:], v_cache[table[6], 4:] = float("nan"), float("nan")      # slots past key 99
+    after = prefill(q, k_cache, v_cache, group.block_tables, group.context_lens, 40, 0.125)
+    torch.testing.assert_close(after, before)
+    # the first query sees keys 0-60 only: other keys and values there leave its output alone
+    k_cache[table[3], 13:] += 100.0
+    v_cache[table[3], 13:] += 100.0
+    again = prefill(q, k_cache, v_cache, group.block_tables, group.context_lens, 40, 0.125)
+    torch.testing.assert_close(again[0], before[0])
+
+
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 64), (torch.float32, 40)])
+def test_the_prefill_kernel_leaves_what_it_does_not_cover_to_sdpa(dtype, head_dim):
+    meta = build_step([24], [24], 16, num_blocks=8, device="cpu")
+    k_cache, v_cache = (torch.randn(8, 16, 2, head_dim).to(dtype) for _ in range(2))
+    q = torch.randn(24, 4, head_dim).to(dtype)
+    group = meta.groups[0]
+    assert cpu_attention.load_kernel().paged_attention_prefill(
+        q, k_cache, v_cache, group.block_tables, group.context_lens, 24, 0.1).numel() == 0
+    expected = TorchPagedAttention(0.1)(q, k_cache, v_cache, meta)
+    torch.testing.assert_close(cpu_attention.CpuPagedAttention(0.1)(q, k_cache, v_cache, meta), expected)
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_under_the_builder_lock(tmp_path, caplog):
+    (tmp_path / "lock").write_text("")                 # torch's lock file, as a build killed mid-compile leaves it
+    with cpu_attention.builder_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+    assert "stale build lock" in caplog.text
+
+
 def test_kernel_ignores_blocks_past_the_context():
     meta = build_step([1, 1], [5, 20], 8, num_blocks=16, device="cpu")
     k_cache, v_cache = torch.randn(16, 8, 2, 16), torch.randn(16, 8, 2, 16)

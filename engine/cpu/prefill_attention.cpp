@@ -1,0 +1,203 @@
+// Causal paged attention for prefill chunks on CPU (fp32, head_dim a multiple of 16).
+//
+// SDPA's CPU kernel scores every query against every key of the chunk and masks afterwards: a 256-token
+// prompt fits one of its key blocks, so the masked half is computed too. Here a work item is one
+// sequence, one KV head and a tile of TILE query tokens with all the query heads that share that KV head
+// (GQA: the keys are read once for them), and it computes only the keys its rows can see, in steps of 16:
+//   1. the keys of each (sequence, KV head), read in place through the block table, are first transposed
+//      once into [step][head_dim][16] slabs that every tile shares;
+//   2. scores for R rows at a time against a slab (broadcast-FMA: each key load feeds R rows, no
+//      horizontal sums), into a per-tile [rows, keys] scratch;
+//   3. an exact softmax per row over the keys it sees (the rest of its scratch row set to 0);
+//   4. the weighted values, R rows and 16 columns at a time, values read in place.
+// Two passes instead of an online softmax: a row's scratch is at most the context long, and rescaling
+// running sums every 16 keys cost as much as the arithmetic. Items are spread over torch's intra-op
+// threads in an order that pairs a tile near the start of the prompt with one near its end, so that the
+// contiguous ranges `at::parallel_for` hands out cost alike.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "vec_math.h"
+
+#ifdef SPECFLEET_VEC8
+// Named, not anonymous: the extension's sources are compiled as one file, and the decode kernel's
+// anonymous namespace has its own Shape and Scratch.
+namespace specfleet_prefill {
+
+using specfleet_vec::load8;
+using specfleet_vec::v8f;
+
+constexpr int64_t TILE = 16;         // query tokens per work item
+constexpr int64_t KEYS = 16;         // keys per slab
+constexpr int R = 4;                 // rows computed together (8 independent accumulators hide FMA latency)
+
+struct Shape {
+  int64_t num_seqs, query_len, q_heads, kv_heads, head_dim, block_size, table_stride;
+};
+
+inline int64_t steps_of(int64_t keys) { return (keys + KEYS - 1) / KEYS; }
+
+// kt[x * KEYS + j] = key (first + j)'s element x, for the slab of keys [first, first + KEYS) of KV head
+// `kv`; past the context the last key is repeated (finite, and never weighted).
+void transpose_slab(const Shape& s, const float* k_cache, const int32_t* table, int64_t ctx, int64_t kv,
+                    int64_t first, float* kt) {
+  const int64_t d = s.head_dim;
+  for (int64_t j = 0; j < KEYS; ++j) {
+    const int64_t pos = std::min(first + j, ctx - 1);
+    const float* key = k_cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * d;
+    for (int64_t x = 0; x < d; ++x) kt[x * KEYS + j] = key[x];
+  }
+}
+
+// s[r * stride + j] = q_r . key_j for R rows and one slab
+inline void score(const float* q, const float* kt, int64_t d, float* s, int64_t stride) {
+  v8f acc[R][2] = {};
+  for (int64_t x = 0; x < d; ++x) {
+    const v8f k0 = load8(kt + x * KEYS), k1 = load8(kt + x * KEYS + 8);
+    for (int r = 0; r < R; ++r) {
+      const float qv = q[r * d + x];
+      acc[r][0] += qv * k0;
+      acc[r][1] += qv * k1;
+    }
+  }
+  for (int r = 0; r < R; ++r) __builtin_memcpy(s + r * stride, acc[r], sizeof acc[r]);
+}
+
+// acc[r][0, d) += sum over the slab's keys j of p[r * stride + j] * values[j][0, d), 16 columns at a time
+inline void add_weighted(float* acc, const float* p, int64_t stride, const float* const* values, int64_t d) {
+  for (int64_t col = 0; col < d; col += 16) {
+    v8f sum[R][2];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 2; ++c) sum[r][c] = load8(acc + r * d + col + 8 * c);
+    for (int64_t j = 0; j < KEYS; ++j) {
+      const v8f v0 = load8(values[j] + col), v1 = load8(values[j] + col + 8);
+      for (int r = 0; r < R; ++r) {
+        const float w = p[r * stride + j];
+        sum[r][0] += w * v0;
+        sum[r][1] += w * v1;
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 2; ++c) __builtin_memcpy(acc + r * d + col + 8 * c, &sum[r][c], sizeof sum[r][c]);
+  }
+}
+
+// Row scores [0, visible) -> softmax numerators, [visible, padded) -> 0; returns the numerators' sum.
+inline float softmax_row(float* row, int64_t visible, int64_t padded) {
+  const float sum = specfleet_vec::softmax_numerators(row, visible);
+  std::fill(row + visible, row + padded, 0.f);
+  return sum;
+}
+
+struct Scratch {
+  std::vector<float> q, acc, scores, sums;
+};
+
+// Tile `tile` of sequence `seq` for KV head `kv` over its transposed keys `kt` (steps_of(ctx) slabs).
+// Rows are (token, query head of this KV head), padded to a multiple of R with rows that see what the
+// last real row sees and are never written out.
+void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const float* q, const float* kt,
+                 const float* v_cache, const int32_t* table, int64_t ctx, float scale, float* out, Scratch& w) {
+  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
+  const int64_t first = tile * TILE, tokens = std::min(TILE, s.query_len - first), rows = tokens * group;
+  const int64_t padded_rows = (rows + R - 1) / R * R, offset = ctx - s.query_len;   // keys before the chunk
+  const int64_t keys = offset + first + tokens, stride = steps_of(keys) * KEYS;       // the last row sees [0, keys)
+  auto visible = [&](int64_t r) { return offset + first + std::min(r, rows - 1) / group + 1; };
+  w.q.assign(padded_rows * d, 0.f);
+  w.acc.assign(padded_rows * d, 0.f);
+  w.scores.resize(padded_rows * stride);
+  w.sums.resize(padded_rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = q + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
+    for (int64_t x = 0; x < d; ++x) w.q[r * d + x] = src[x] * scale;
+  }
+  for (int64_t r0 = 0; r0 < padded_rows; r0 += R)              // a block's last row sees the most keys
+    for (int64_t step = 0; step < steps_of(visible(r0 + R - 1)); ++step)
+      score(&w.q[r0 * d], kt + step * d * KEYS, d, &w.scores[r0 * stride + step * KEYS], stride);
+  for (int64_t r = 0; r < padded_rows; ++r)
+    w.sums[r] = softmax_row(&w.scores[r * stride], visible(r), stride);
+  const float* values[KEYS];
+  for (int64_t step = 0; step < steps_of(keys); ++step) {
+    for (int64_t j = 0; j < KEYS; ++j) {
+      const int64_t pos = std::min(step * KEYS + j, ctx - 1);
+      values[j] = v_cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * d;
+    }
+    for (int64_t r0 = 0; r0 < padded_rows; r0 += R)
+      if (visible(r0 + R - 1) > step * KEYS)
+        add_weighted(&w.acc[r0 * d], &w.scores[r0 * stride + step * KEYS], stride, values, d);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = out + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
+    const float inv = 1.f / w.sums[r];
+    for (int64_t x = 0; x < d; ++x) dst[x] = w.acc[r * d + x] * inv;
+  }
+}
+
+// Item i of n in an order whose every contiguous range holds as many late (costly) tiles as early ones:
+// 0, n-1, 1, n-2, ...
+inline int64_t balanced(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - i / 2; }
+
+}  // namespace specfleet_prefill
+#endif
+
+void check_paged_inputs(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& block_tables, const torch::Tensor& context_lens);   // paged_attention.cpp
+
+// q/out [num_seqs * query_len, q_heads, head_dim] float32; caches [num_blocks, block_size, kv_heads,
+// head_dim]; block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32 (keys visible to
+// the last query: a cached prefix, then the chunk). Returns an empty tensor where this build or these
+// inputs are not covered (no 8-wide vectors, not fp32, head_dim not a multiple of 16): the caller uses SDPA.
+torch::Tensor paged_attention_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                      torch::Tensor block_tables, torch::Tensor context_lens, int64_t query_len,
+                                      double scale) {
+  check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens);
+#ifdef SPECFLEET_VEC8
+  namespace pf = specfleet_prefill;
+  const int64_t d = q.size(2);
+  if (q.scalar_type() != torch::kFloat32 || k_cache.scalar_type() != torch::kFloat32 || d % 16 != 0)
+    return torch::empty({0});
+  q = q.contiguous();
+  block_tables = block_tables.contiguous();
+  context_lens = context_lens.contiguous();
+  pf::Shape s{block_tables.size(0), query_len, q.size(1), k_cache.size(2), d, k_cache.size(1), block_tables.size(1)};
+  TORCH_CHECK(q.size(0) == s.num_seqs * query_len, "q rows must be num_seqs * query_len");
+  TORCH_CHECK(s.q_heads % s.kv_heads == 0, "query heads must be a multiple of KV heads");
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* ctx = context_lens.data_ptr<int32_t>();
+  float* op = out.data_ptr<float>();
+  // the transposed keys of every (sequence, KV head), slab by slab: [seq][kv][step][d][KEYS]
+  int64_t max_steps = 0;
+  for (int64_t seq = 0; seq < s.num_seqs; ++seq) max_steps = std::max(max_steps, pf::steps_of(ctx[seq]));
+  const int64_t slab = d * pf::KEYS, per_head = max_steps * slab;
+  std::vector<float> kt(s.num_seqs * s.kv_heads * per_head);
+  at::parallel_for(0, s.num_seqs * s.kv_heads * max_steps, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t seq = i / (s.kv_heads * max_steps), kv = i / max_steps % s.kv_heads, step = i % max_steps;
+      if (step < pf::steps_of(ctx[seq]))
+        pf::transpose_slab(s, kp, tables + seq * s.table_stride, ctx[seq], kv, step * pf::KEYS,
+                           kt.data() + (seq * s.kv_heads + kv) * per_head + step * slab);
+    }
+  });
+  const int64_t tiles = (query_len + pf::TILE - 1) / pf::TILE, per_seq = s.kv_heads * tiles;
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, s.num_seqs * per_seq, 1, [&](int64_t begin, int64_t end) {
+    pf::Scratch scratch;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t seq = i / per_seq, item = i % per_seq;
+      const int64_t tile = pf::balanced(item / s.kv_heads, tiles), kv = item % s.kv_heads;
+      pf::attend_tile(s, seq, kv, tile, qp, kt.data() + (seq * s.kv_heads + kv) * per_head, vp,
+                      tables + seq * s.table_stride, ctx[seq], sc, op, scratch);
+    }
+  });
+  return out;
+#else
+  return torch::empty({0});
+#endif
+}

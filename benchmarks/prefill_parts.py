@@ -2,12 +2,13 @@
 
 1. A whole prefill step (`LLMEngine.step` over one fresh prompt of `--tokens` tokens, prefix caching
    off, so nothing is reused), on a thread other than the one that loaded the model (as the server
-   steps), median and min-max over `--repeats` after two warm-ups.
+   steps), median and min-max over `--repeats` after two warm-ups; with the engine's prefill attention
+   kernel and with SDPA in its place, alternating which goes first, `--repeats` steps each.
 2. Each linear shape of SmolLM2 at `--tokens` rows through the oneDNN-packed GEMM the engine uses, in
    GFLOP/s, against a 2048x2048 fp32 matmul (about this CPU's sustained fp32 rate), and the whole
    prefill's GEMM time (30 layers x 4 shapes).
 3. Prefill attention per layer (one sequence, 9 query / 3 KV heads of 64): SDPA with the engine's
-   boolean mask, and with `is_causal` for comparison.
+   boolean mask, with `is_causal` for comparison, and the engine's kernel over a paged cache.
 
     .venv/bin/python benchmarks/prefill_parts.py [--tokens 256] [--repeats 10]
 
@@ -31,7 +32,7 @@ LINEARS = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->3
 LAYERS = 30
 
 
-def prefill_steps(tokens: int, repeats: int) -> list[float]:
+def prefill_steps(tokens: int, repeats: int) -> dict[str, list[float]]:
     from specfleet.engine.builtin import ensure_builtin
     from specfleet.engine.config import EngineConfig
     from specfleet.engine.engine import LLMEngine
@@ -50,9 +51,18 @@ def prefill_steps(tokens: int, repeats: int) -> list[float]:
         assert not engine.has_unfinished()         # one step: the whole prompt and its first token
         return (time.perf_counter() - start) * 1e3
 
+    def use_kernel(on: bool) -> None:
+        for layer in engine.runner.model.model.layers:
+            layer.self_attn.attend.prefill_kernel = on
+
     for _ in range(2):
         one()
-    return [one() for _ in range(repeats)]
+    steps: dict[str, list[float]] = {"kernel": [], "sdpa": []}
+    for repeat in range(repeats):
+        for mode in sorted(steps, reverse=repeat % 2 == 1):
+            use_kernel(mode == "kernel")
+            steps[mode].append(one())
+    return steps
 
 
 def gemms(tokens: int) -> dict:
@@ -79,7 +89,23 @@ def attention(tokens: int) -> dict:
     mask = torch.ones(tokens, tokens, dtype=torch.bool).tril()[None, None]
     masked = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), 50)
     causal = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), 50)
-    return {"mask_ms_per_layer": masked, "causal_ms_per_layer": causal, "prefill_mask_ms": LAYERS * masked}
+    kernel = kernel_attention(tokens)
+    return {"mask_ms_per_layer": masked, "causal_ms_per_layer": causal, "prefill_mask_ms": LAYERS * masked,
+            "kernel_ms_per_layer": kernel, "prefill_kernel_ms": LAYERS * kernel}
+
+
+def kernel_attention(tokens: int, block_size: int = 16) -> float:
+    """The engine's prefill attention kernel over a paged cache holding the prompt's K/V."""
+    import torch
+
+    from specfleet.engine.attention import build_metadata
+    from specfleet.engine.cpu.attention import load_kernel
+
+    blocks = -(-tokens // block_size)
+    group = build_metadata([tokens], [tokens], [list(range(1, blocks + 1))], block_size, "cpu").groups[0]
+    k_cache, v_cache = torch.randn(blocks + 1, block_size, 3, 64), torch.randn(blocks + 1, block_size, 3, 64)
+    q, prefill = torch.randn(tokens, 9, 64), load_kernel().paged_attention_prefill
+    return median_ms(lambda: prefill(q, k_cache, v_cache, group.block_tables, group.context_lens, tokens, 0.125), 50)
 
 
 def main() -> None:
@@ -105,14 +131,17 @@ def main() -> None:
     table = Table(title=f"SmolLM2 prefill of {args.tokens} tokens")
     for column in ("part", "ms", "note"):
         table.add_column(column)
-    table.add_row("whole step", f"{statistics.median(steps):.1f} ({min(steps):.1f}-{max(steps):.1f})",
-                  f"median (min-max) of {args.repeats}")
+    for mode, times in steps.items():
+        table.add_row(f"whole step ({mode})", f"{statistics.median(times):.1f} ({min(times):.1f}-{max(times):.1f})",
+                      f"median (min-max) of {args.repeats}, alternating")
     for name in LINEARS:
         table.add_row(f"  {name} x {LAYERS}", f"{gemm[name]['ms'] * LAYERS:.1f}", f"{gemm[name]['gflops']:.0f} GFLOP/s")
     table.add_row("GEMMs", f"{gemm['prefill_gemm_ms']:.1f}", f"square 2048 matmul: {gemm['square_2048_gflops']:.0f} GFLOP/s")
-    table.add_row(f"attention x {LAYERS} (mask)", f"{attn['prefill_mask_ms']:.1f}",
+    table.add_row(f"attention x {LAYERS} (SDPA, mask)", f"{attn['prefill_mask_ms']:.1f}",
                   f"per layer {attn['mask_ms_per_layer']:.2f} ms; is_causal {attn['causal_ms_per_layer']:.2f} ms")
-    rest = statistics.median(steps) - gemm["prefill_gemm_ms"] - attn["prefill_mask_ms"]
+    table.add_row(f"attention x {LAYERS} (kernel)", f"{attn['prefill_kernel_ms']:.1f}",
+                  f"per layer {attn['kernel_ms_per_layer']:.2f} ms")
+    rest = statistics.median(steps["kernel"]) - gemm["prefill_gemm_ms"] - attn["prefill_kernel_ms"]
     table.add_row("rest", f"{rest:.1f}", "elementwise, embedding, LM head row, sampling, scheduling")
     Console().print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)

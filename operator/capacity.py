@@ -126,11 +126,11 @@ class ServiceModel:
                             self.draft_share)
 
     def speedup(self, batch: float, alpha: float) -> float:
-        """Goodput at the best depth over goodput without speculation, at `batch` (1.0: none pays)."""
+        """Goodput speculating at the best depth over goodput without, at `batch` (below 1: it costs)."""
         b = max(1, round(batch))
         rates = [pm.goodput_of(self.cost, b, self.ctx, alpha, k, self.draft, self.draft_share)
-                 for k in range(self.max_k + 1)]
-        return max(rates) / rates[0]
+                 for k in range(max(self.max_k, 1) + 1)]
+        return max(rates[1:]) / rates[0]
 
     def with_draft_share(self, share: float | None) -> "ServiceModel":
         """The model at an observed draft share (rounded, so that the sizing caches stay small)."""

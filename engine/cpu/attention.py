@@ -120,13 +120,16 @@ class CpuPagedAttention(TorchPagedAttention):
     """Short-query groups and prefill chunks through the C++ kernels; the torch (SDPA) path for chunks the
     prefill kernel does not cover (it answers an empty tensor)."""
 
-    def __init__(self, scale: float) -> None:
+    def __init__(self, scale: float, prefill_kernel: bool = True) -> None:
         super().__init__(scale)
         self.kernel = load_kernel()
+        self.prefill_kernel = prefill_kernel      # False: prefill chunks through SDPA (benchmarks compare)
 
     def _group(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                group: AttentionGroup) -> torch.Tensor:
         if group.query_len > SHORT_QUERY:
+            if not self.prefill_kernel:
+                return super()._group(q, k_cache, v_cache, group)
             out = self.kernel.paged_attention_prefill(q, k_cache, v_cache, group.block_tables, group.context_lens,
                                                       group.query_len, self.scale)
             return out if out.numel() else super()._group(q, k_cache, v_cache, group)

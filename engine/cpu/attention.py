@@ -31,7 +31,8 @@ SOURCES = [Path(__file__).with_name(name)
 HEADER = Path(__file__).with_name("vec_math.h")
 # -fno-trapping-math lets GCC if-convert vec_math.h's clamps, so its loops vectorize
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-FUNCTIONS = ["paged_attention_short", "paged_attention_prefill", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "linear_small"]
+FUNCTIONS = ["paged_attention_short", "paged_attention_prefill", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary",
+             "linear_small"]
 _lock = threading.Lock()
 _module = None
 _error: str | None = None

@@ -47,7 +47,8 @@ void transpose_slab(const Shape& s, const float* k_cache, const int32_t* table, 
   const int64_t d = s.head_dim;
   for (int64_t j = 0; j < KEYS; ++j) {
     const int64_t pos = std::min(first + j, ctx - 1);
-    const float* key = k_cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * d;
+    const int64_t slot = table[pos / s.block_size] * s.block_size + pos % s.block_size;
+    const float* key = k_cache + (slot * s.kv_heads + kv) * d;
     for (int64_t x = 0; x < d; ++x) kt[x * KEYS + j] = key[x];
   }
 }

@@ -105,7 +105,9 @@ class LLMEngine:
                                   self.config.block_size, self.dtype, self.device, self.vocab_size, self.max_model_len,
                                   self.config.attention_backend)
         ngram = NgramProposer(self.config.ngram_min, self.config.ngram_max)
-        return Speculator(self.config.speculative_method, ngram, draft, self.vocab_size, self.max_model_len, self.stats)
+        depths = max(self.config.max_speculative_tokens, self.config.num_speculative_tokens)
+        return Speculator(self.config.speculative_method, ngram, draft, self.vocab_size, self.max_model_len, self.stats,
+                          depths)
 
     # ---- requests -------------------------------------------------------------------------
     @property

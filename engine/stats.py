@@ -29,5 +29,6 @@ class EngineStats:
     counterfactual_accepted_tokens: int = 0
     spec_decode_seq_steps: int = 0            # decoding sequence-steps while speculating (drafted or not)
     counterfactual_seq_steps: int = 0         # decoding sequence-steps scored while speculation is off
-    counterfactual_guess_seq_steps: int = 0   # ... of which had an n-gram guess standing (would have drafted)
+    ngram_proposal_seq_steps: int = 0         # decoding sequence-steps given a fresh n-gram proposal, on or off
+    ngram_proposed_by_depth: list[int] = field(default_factory=list)   # [j - 1]: sum of min(proposal length, j)
     steps: int = 0

@@ -50,7 +50,9 @@ class ServiceModel:
     draft: pm.DraftTime = pm.no_draft_cost
     profile: ProfileCost | None = None          # the measured cost; None: the roofline over `cal`
     calibration: CostSource = CostSource()      # where `cost` comes from and how well it fits
-    draft_share: float = 1.0   # share of decoding sequence-steps that draft (n-gram: those with a match)
+    # Drafted tokens per k decoding sequence-steps: one share, or one per depth 1, 2, ... (an n-gram
+    # proposal is often shorter than k, so the share falls with k).
+    draft_share: pm.Share = 1.0
 
     @property
     def cost(self) -> pm.StepCost:
@@ -116,7 +118,7 @@ class ServiceModel:
     def prefill_room(self, batch: float, k: int = 0) -> int:
         """Prompt tokens a step has room for next to `batch` running sequences: the engine schedules the
         running ones first, each taking its token plus k draft tokens to verify."""
-        return max(self.chunk - round(max(1, round(batch)) * (1 + self.draft_share * k)), 1)
+        return max(self.chunk - round(max(1, round(batch)) * (1 + self.share_at(k) * k)), 1)
 
     def mixed_step(self, batch: float) -> float:
         return self.cost.mixed(max(1, round(batch)), self.ctx, self.chunk)
@@ -125,18 +127,25 @@ class ServiceModel:
         return pm.best_k_of(self.cost, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft,
                             self.draft_share)
 
-    def speedup(self, batch: float, alpha: float) -> float:
-        """Goodput speculating at the best depth over goodput without, at `batch` (below 1: it costs)."""
-        b = max(1, round(batch))
-        rates = [pm.goodput_of(self.cost, b, self.ctx, alpha, k, self.draft, self.draft_share)
-                 for k in range(max(self.max_k, 1) + 1)]
-        return max(rates[1:]) / rates[0]
+    def speedup(self, batch: float, alpha: float) -> tuple[float, int]:
+        """Goodput speculating at the best depth over goodput without, at `batch` (below 1: it costs),
+        and that depth."""
+        rates = pm.goodputs_of(self.cost, max(1, round(batch)), self.ctx, alpha, max(self.max_k, 1), self.draft,
+                               self.draft_share)
+        k = max(range(1, len(rates)), key=lambda i: (rates[i], -i))
+        return rates[k] / rates[0], k
 
-    def with_draft_share(self, share: float | None) -> "ServiceModel":
-        """The model at an observed draft share (rounded, so that the sizing caches stay small)."""
+    def share_at(self, k: int) -> float:
+        return pm.share_at(self.draft_share, k)
+
+    def with_draft_share(self, share: pm.Share | None) -> "ServiceModel":
+        """The model at an observed draft share, or shares by depth (rounded, so that the sizing caches
+        stay small)."""
         if share is None:
             return self
-        return replace(self, draft_share=max(0.05, round(share, 2)))
+        if isinstance(share, (int, float)):
+            return replace(self, draft_share=max(0.05, round(share, 2)))
+        return replace(self, draft_share=tuple(max(0.05, round(s, 2)) for s in share))
 
     def max_batch_for_speculation(self, alpha: float) -> int:
         return _mbs(self, round(alpha, 3))

@@ -138,12 +138,27 @@ class Roofline:
         return mixed_step_time(self.shape, self.cal, batch, ctx, tokens)
 
 
-def expected_tokens(alpha: float, k: int, share: float = 1.0) -> float:
+Share = float | Sequence[float]   # one draft share, or the share at each depth 1, 2, ... (n-gram)
+
+
+def share_at(share: Share, k: int) -> float:
+    """The draft share at depth `k`: drafted tokens per k decoding sequence-steps. An n-gram proposal is
+    often shorter than k, so the share falls with k (E[min(L, k)] / k for proposal length L). Past the
+    deepest measured depth D the proposals are taken to stop at D (share x D / k)."""
+    if isinstance(share, (int, float)):
+        return float(share)
+    if k <= 0 or not share:
+        return 1.0 if not share else float(share[0])
+    return float(share[k - 1]) if k <= len(share) else float(share[-1]) * len(share) / k
+
+
+def expected_tokens(alpha: float, k: int, share: Share = 1.0) -> float:
     """E[tokens per sequence-step] with acceptance `alpha` and depth `k` (k = 0: exactly one token) when
     a `share` of the sequence-steps draft (n-gram drafting finds a match only for some; the others
     decode one token)."""
     if k <= 0:
         return 1.0
+    share = share_at(share, k)
     if alpha >= 1.0:
         return 1.0 + share * k
     return 1.0 + share * ((1.0 - alpha ** (k + 1)) / (1.0 - alpha) - 1.0)
@@ -169,11 +184,11 @@ def spec_step_time(model: ModelShape, cal: Calibration, batch: int, ctx: int, k:
 
 
 def spec_step_time_of(cost: StepCost, batch: int, ctx: int, k: int, draft: DraftTime = no_draft_cost,
-                      share: float = 1.0) -> float:
+                      share: Share = 1.0) -> float:
     """A `share` of the sequences verify k drafts, the others decode: 1 + share x k tokens each on average."""
     if k <= 0:
         return cost.step(batch, ctx, 1)
-    return cost.step(batch, ctx, 1 + share * k) + k * draft(batch)
+    return cost.step(batch, ctx, 1 + share_at(share, k) * k) + k * draft(batch)
 
 
 def goodput(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: float, k: int,
@@ -183,8 +198,14 @@ def goodput(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: fl
 
 
 def goodput_of(cost: StepCost, batch: int, ctx: int, alpha: float, k: int, draft: DraftTime = no_draft_cost,
-               share: float = 1.0) -> float:
+               share: Share = 1.0) -> float:
     return batch * expected_tokens(alpha, k, share) / spec_step_time_of(cost, batch, ctx, k, draft, share)
+
+
+def goodputs_of(cost: StepCost, batch: int, ctx: int, alpha: float, max_k: int, draft: DraftTime = no_draft_cost,
+                share: Share = 1.0) -> list[float]:
+    """Goodput at each depth 0 (off), 1, ..., max_k."""
+    return [goodput_of(cost, batch, ctx, alpha, k, draft, share) for k in range(max_k + 1)]
 
 
 def best_k(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: float, max_k: int,
@@ -194,8 +215,8 @@ def best_k(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: flo
 
 
 def best_k_of(cost: StepCost, batch: int, ctx: int, alpha: float, max_k: int, draft: DraftTime = no_draft_cost,
-              share: float = 1.0) -> int:
-    rates = [goodput_of(cost, batch, ctx, alpha, k, draft, share) for k in range(max_k + 1)]
+              share: Share = 1.0) -> int:
+    rates = goodputs_of(cost, batch, ctx, alpha, max_k, draft, share)
     best = max(range(len(rates)), key=lambda k: (rates[k], -k))
     return best if rates[best] > rates[0] * (1 + 1e-9) else 0
 
@@ -207,7 +228,7 @@ def max_batch_for_speculation(model: ModelShape, cal: Calibration, ctx: int, alp
 
 
 def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: int, limit: int = 4096,
-                                 draft: DraftTime = no_draft_cost, share: float = 1.0) -> int:
+                                 draft: DraftTime = no_draft_cost, share: Share = 1.0) -> int:
     """The largest batch at which speculation pays (k* > 0), up to `limit`; 0 where it never does.
 
     The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound), but
@@ -237,7 +258,7 @@ def _batch_grid(limit: int) -> tuple[int, ...]:
 
 
 def break_even_batch(cost: StepCost, ctx: int, alpha: float, k: int, limit: float = 4096.0,
-                     draft: DraftTime = no_draft_cost, share: float = 1.0) -> float:
+                     draft: DraftTime = no_draft_cost, share: Share = 1.0) -> float:
     """The (fractional) batch at which speculating at a fixed depth k stops beating not speculating:
     0 when it never pays, `limit` when it still pays there. What a benchmark's measured crossover is
     compared with."""

@@ -254,6 +254,7 @@ class AsyncEngine:
         e = self.engine
         stats = dict(vars(e.stats))
         stats["spec_accepted_by_position"] = list(e.stats.spec_accepted_by_position)
+        stats["ngram_proposed_by_depth"] = list(e.stats.ngram_proposed_by_depth)
         self.snapshot = EngineSnapshot(e.num_running, e.num_waiting, e.kv_cache_usage, stats)
 
 

@@ -48,8 +48,9 @@ ENGINE_COUNTERS = (
      "Decoding sequence-steps while speculation is on, drafted or not (draft tokens / (k x this): the draft share)."),
     ("specfleet:counterfactual_seq_steps", "counterfactual_seq_steps",
      "Decoding sequence-steps scored while speculation is off."),
-    ("specfleet:counterfactual_guess_seq_steps", "counterfactual_guess_seq_steps",
-     "Counterfactual sequence-steps with an n-gram guess standing: those that would have drafted."),
+    ("specfleet:ngram_proposal_seq_steps", "ngram_proposal_seq_steps",
+     "Decoding sequence-steps given a fresh n-gram proposal, speculation on or off (ngram_proposed_tokens "
+     "/ (depth x this): the draft share at each depth)."),
     ("specfleet:engine_steps", "steps", "Engine steps that ran the model."),
 )
 
@@ -170,6 +171,12 @@ class _EngineCollector:
         for position, count in enumerate(stats.get("spec_accepted_by_position", [])):
             per_pos.add_metric([name, str(position)], count)
         yield per_pos
+        proposed = CounterMetricFamily("specfleet:ngram_proposed_tokens", "N-gram proposal tokens at each depth: "
+                                       "the sum of min(proposal length, depth) over proposal sequence-steps.",
+                                       labels=["model_name", "depth"])
+        for depth, count in enumerate(stats.get("ngram_proposed_by_depth", []), start=1):
+            proposed.add_metric([name, str(depth)], count)
+        yield proposed
         yield from self._speculation(name, engine)
 
     @staticmethod

@@ -22,13 +22,14 @@ COUNTERFACTUAL_K = 4
 
 class Speculator:
     def __init__(self, method: str, ngram: NgramProposer, draft: DraftProposer | None, vocab_size: int,
-                 max_model_len: int, stats: EngineStats) -> None:
+                 max_model_len: int, stats: EngineStats, depths: int = COUNTERFACTUAL_K) -> None:
         self.method = method
         self.ngram = ngram
         self.draft = draft
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.stats = stats
+        self.depths = max(depths, COUNTERFACTUAL_K)           # proposal lengths are counted up to this k
         self._drafted: dict[str, tuple[int, int]] = {}         # request_id -> (tokens before, k drafted)
         self._guess: dict[str, tuple[list[int], int]] = {}     # counterfactual: (guess, tokens matched)
 
@@ -45,9 +46,26 @@ class Speculator:
                 seq.spec_draft_probs = probs
         else:
             for seq in seqs:
-                seq.spec_token_ids = self.ngram.propose(seq.token_ids, self._room(seq, k))
+                proposal = self._fresh(seq)
+                seq.spec_token_ids = proposal[:self._room(seq, k)]
                 seq.spec_draft_probs = None
         return [s for s in seqs if s.spec_token_ids]
+
+    def _fresh(self, seq: Sequence) -> list[int]:
+        """A fresh n-gram proposal as deep as any k the switch allows. With n-gram drafting its length is
+        counted at every depth: the draft share there (a draft model always drafts k)."""
+        proposal = self.ngram.propose(seq.token_ids, self.depths)
+        if self.draft is None:
+            self._count_proposal(len(proposal))
+        return proposal
+
+    def _count_proposal(self, length: int) -> None:
+        s = self.stats
+        if len(s.ngram_proposed_by_depth) < self.depths:
+            s.ngram_proposed_by_depth += [0] * (self.depths - len(s.ngram_proposed_by_depth))
+        s.ngram_proposal_seq_steps += 1
+        for depth in range(1, self.depths + 1):
+            s.ngram_proposed_by_depth[depth - 1] += min(length, depth)
 
     def _room(self, seq: Sequence, k: int) -> int:
         return max(0, min(k, seq.params.max_tokens - seq.num_output_tokens - 1,
@@ -114,10 +132,10 @@ class Speculator:
 
     # ---- counterfactual acceptance while off -----------------------------------------------
     def observe(self, seq: Sequence, new_tokens: list[int]) -> None:
-        """Score the standing n-gram guess against tokens produced without speculation."""
+        """Score the standing n-gram guess against tokens produced without speculation, and count the
+        fresh proposal the next step would draft (the draft share, in the units speculating counts it)."""
         guess, matched = self._guess.pop(seq.request_id, ([], 0))
         self.stats.counterfactual_seq_steps += 1
-        self.stats.counterfactual_guess_seq_steps += bool(guess)
         for token in new_tokens:
             if matched < len(guess) and guess[matched] == token:
                 matched += 1
@@ -128,8 +146,9 @@ class Speculator:
         if guess and matched == len(guess):
             self._settle(guess, matched)
             guess, matched = [], 0
+        fresh = self._fresh(seq) if seq.finish_reason is None and self._room(seq, 1) else []
         if not guess:
-            guess = self.ngram.propose(seq.token_ids, COUNTERFACTUAL_K)
+            guess = fresh[:COUNTERFACTUAL_K]
         if guess:
             self._guess[seq.request_id] = (guess, matched)
 

@@ -3,9 +3,10 @@ acceptance and load.
 
 The acceptance probability a comes from the window: measured acceptance while on, the engines'
 counterfactual n-gram acceptance while off (both converted from accepted/drafted tokens to the
-per-token probability of the goodput model). So does the draft share: n-gram drafting finds a match
-for only some sequence-steps, and only those verify (and gain) anything. The goodput model gives k*(batch, a) and
-maxBatchForSpeculation(a). Hysteresis on both thresholds: on -> off when the batch exceeds the
+per-token probability of the goodput model). So does the draft share, per depth: n-gram drafting
+finds a match for only some sequence-steps, often shorter than k, and only the drafted tokens verify
+(and gain) anything; the engines count fresh proposal lengths the same way on and off. The goodput
+model gives k*(batch, a) and maxBatchForSpeculation(a). Hysteresis on both thresholds: on -> off when the batch exceeds the
 threshold by `batch_hysteresis` or a falls `acceptance_hysteresis` below `minAcceptanceRate`;
 off -> on only when both clear by the same margins; acceptance counts as low only when it is low by
 two standard errors of the window's drafts. A state is kept at least `dwell_s` (longer for
@@ -160,16 +161,20 @@ def _alpha_high(window: Window, state: SpeculationState, alpha: float | None) ->
     return alpha_from_acceptance(high, _depth(window, state))
 
 
-def _share(window: Window, state: SpeculationState) -> float | None:
-    """Share of decoding sequence-steps that draft: measured while on, the n-gram guesses' while off."""
-    return window.draft_share if state.enabled else window.counterfactual_draft_share
+def _share(window: Window, state: SpeculationState) -> tuple[float, ...] | float | None:
+    """Draft share by depth: the engines' fresh n-gram proposal lengths, counted alike on and off; an
+    engine without those counters gives the drafted share at its k while on, nothing while off."""
+    if window.draft_shares:
+        return window.draft_shares
+    return window.draft_share if state.enabled else None
 
 
 def _pays(model: ServiceModel, batch: float, alpha: float, threshold: int) -> str:
     """The threshold, with the speed-up the model prices at this batch: where that stays near 1 over a
     wide range of batches (a CPU), a few percent in a step-cost scale move the threshold a long way."""
-    return (f"speculation pays up to batch {threshold} (x{model.speedup(batch, alpha):.2f} here, draft share "
-            f"{model.draft_share:.2f})")
+    gain, k = model.speedup(batch, alpha)
+    return (f"speculation pays up to batch {threshold} (x{gain:.2f} here at k={k}, draft share "
+            f"{model.share_at(k):.2f})")
 
 
 def _hold(state: SpeculationState, reason: str, message: str, alpha=None, threshold=None) -> SpeculationDecision:

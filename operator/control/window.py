@@ -10,6 +10,7 @@ is `complete == False`; policies hold on such windows.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -21,7 +22,8 @@ DRAFTS, DRAFT_TOKENS = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draf
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 CF_DRAFT_TOKENS, CF_ACCEPTED_TOKENS = "specfleet:counterfactual_draft_tokens", "specfleet:counterfactual_accepted_tokens"
 SPEC_SEQ_STEPS = "specfleet:spec_decode_seq_steps"
-CF_SEQ_STEPS, CF_GUESS_SEQ_STEPS = "specfleet:counterfactual_seq_steps", "specfleet:counterfactual_guess_seq_steps"
+CF_SEQ_STEPS = "specfleet:counterfactual_seq_steps"
+PROPOSAL_SEQ_STEPS, PROPOSED_TOKENS = "specfleet:ngram_proposal_seq_steps", "specfleet:ngram_proposed_tokens"
 TTFT, ITL = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
 E2E, ENDED = "vllm:e2e_request_latency_seconds", "vllm:request_success"
 BATCH_SIZE, STEP_TIME = "specfleet:batch_size", "specfleet:step_duration_seconds"
@@ -141,7 +143,7 @@ class Window:
     drafts: float | None = None                      # drafts verified in the window: the evidence behind both
     counterfactual_acceptance_rate: float | None = None
     draft_share: float | None = None                 # drafted tokens / (k x decoding sequence-steps) while on
-    counterfactual_draft_share: float | None = None  # sequence-steps with an n-gram guess while off
+    draft_shares: tuple[float, ...] | None = None    # by depth 1, 2, ...: fresh n-gram proposals, on or off
     speculation_enabled: float | None = None         # share of pods with speculation on
     num_speculative_tokens: int | None = None
     steps: tuple[StepStat, ...] = ()
@@ -219,7 +221,7 @@ def build_window(prev: Mapping[str, Scrape], cur: Mapping[str, Scrape], expected
         drafts=d.counter(DRAFTS),
         counterfactual_acceptance_rate=cf_accepted / cf_drafts if cf_drafts and cf_accepted is not None else None,
         draft_share=_draft_share(drafts, d.counter(SPEC_SEQ_STEPS), _int(_gauge_max(now, SPEC_K))),
-        counterfactual_draft_share=_share(d.counter(CF_GUESS_SEQ_STEPS), d.counter(CF_SEQ_STEPS)),
+        draft_shares=_draft_shares(d),
         speculation_enabled=_gauge_mean(now, SPEC_ENABLED),
         num_speculative_tokens=_int(_gauge_max(now, SPEC_K)),
         steps=d.steps())
@@ -230,6 +232,25 @@ def _draft_share(draft_tokens: float | None, seq_steps: float | None, k: int | N
     has a match, and then maybe fewer than k tokens. With it, share x rate x k (rate: accepted / drafted
     tokens) is the accepted tokens per sequence-step, and 1 + share x k the tokens a step computes each."""
     return _share(draft_tokens, None if seq_steps is None or not k else seq_steps * k)
+
+
+def proposed_key(depth: int) -> str:
+    """The series of n-gram proposal tokens counted at `depth` (each proposal capped at it)."""
+    return series_key(PROPOSED_TOKENS, {"depth": str(depth)})
+
+
+def _draft_shares(d: "_Deltas") -> tuple[float, ...] | None:
+    """Share at each depth j: sum of min(L, j) over decoding sequence-steps / (j x those steps), L the
+    length of a fresh n-gram proposal there. Counted the same way with speculation on and off, so the
+    share the controller prices while off is the one it will see once on, at every k."""
+    steps = d.counter(PROPOSAL_SEQ_STEPS)
+    shares: list[float] = []
+    for depth in itertools.count(1):
+        share = _share(d.counter(proposed_key(depth)), steps * depth if steps else None)
+        if share is None:
+            break
+        shares.append(share)
+    return tuple(shares) or None
 
 
 def _share(part: float | None, whole: float | None) -> float | None:

@@ -3,9 +3,9 @@ times of an engine profile (`truth.ProfileTruth`: measured, or derived and label
 controller's roofline), and drain.
 
 Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the profile's length at
-its current batch (a mixed step while it prefills). While it speculates at depth k, a draft `share` of
-its sequence-steps draft k tokens (n-gram drafting finds a match only for some) and the rest decode one,
-so a step computes 1 + share x k tokens per sequence: its sequences get dt / T(B, ctx, 1 + share x k)
+its current batch (a mixed step while it prefills). While it speculates at depth k, k x `share` tokens
+are drafted per sequence-step (n-gram drafting finds a match only for some, often shorter than k; the
+share is the one at the pod's depth), so a step computes 1 + share x k tokens per sequence: its sequences get dt / T(B, ctx, 1 + share x k)
 steps of 1 + share x (E[tokens | alpha, k] - 1) tokens each, and prompts share what the step's token
 budget leaves after the running sequences' tokens and draft tokens to verify.
 The gateway (as `cluster/gateway.py`) hands each request on arrival to the ready pod with the fewest
@@ -45,6 +45,7 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.0
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_PODS = 4096
 QUEUE_POLICIES = ("fifo", "deadline")
+PROPOSAL_DEPTHS = 4     # the engine counts n-gram proposal lengths up to its counterfactual depth (at least)
 
 
 @dataclass
@@ -84,6 +85,8 @@ class SimulatedFleet:
         self.n = 0
         self._now = 0.0
         self.cf_k = max(1, model.max_k)
+        self.depths = max(PROPOSAL_DEPTHS, model.max_k)     # as the engine counts its proposal lengths
+        self._shares: pm.Share = 1.0
         self._metrics()
         self.req = {key: np.zeros(0) for key in ("rep", "start", "arrival", "pleft", "oleft", "first", "worst", "olen")}
         self.queue_arrival, self.queue_out = np.zeros(0), np.zeros(0)
@@ -105,7 +108,8 @@ class SimulatedFleet:
         self.step_tokens = np.zeros((n, len(BATCH_BOUNDS) + 1, 2))
         self.c = {name: np.zeros(n) for name in (w.PROMPT_TOKENS, w.GENERATION_TOKENS, w.DRAFTS, w.DRAFT_TOKENS,
                                                  w.ACCEPTED_TOKENS, w.CF_DRAFT_TOKENS, w.CF_ACCEPTED_TOKENS,
-                                                 w.SPEC_SEQ_STEPS, w.CF_SEQ_STEPS, w.CF_GUESS_SEQ_STEPS)}
+                                                 w.SPEC_SEQ_STEPS, w.CF_SEQ_STEPS, w.PROPOSAL_SEQ_STEPS,
+                                                 *(w.proposed_key(j) for j in range(1, self.depths + 1)))}
 
     # -- pods ------------------------------------------------------------------------------------
     def add_pods(self, count: int, now: float, k: int, ready_now: bool = False) -> None:
@@ -137,13 +141,14 @@ class SimulatedFleet:
         self.cf_k = max(1, k)
 
     # -- time ------------------------------------------------------------------------------------
-    def tick(self, t0: float, dt: float, rate: float, alpha: float, share: float = 1.0) -> None:
-        """Advance `dt` seconds: arrivals at `rate`/s, acceptance `alpha`, a draft `share` of the
-        decoding sequence-steps drafting (or, while off, with an n-gram guess standing)."""
+    def tick(self, t0: float, dt: float, rate: float, alpha: float, share: pm.Share = 1.0) -> None:
+        """Advance `dt` seconds: arrivals at `rate`/s, acceptance `alpha`, a draft `share` (one, or one
+        per depth 1, 2, ...) of the decoding sequence-steps' tokens drafted at each pod's depth."""
         self._now = t0 + dt
+        self._shares = share
         self._arrive(t0, dt, rate)
         self._admit(t0)
-        self._advance(t0, dt, alpha, share)
+        self._advance(t0, dt, alpha, _share_by_pod(share, self.k[:self.n]))
         live = ~self.removed[:self.n] & (self.created[:self.n] <= t0)
         self.totals.gpu_seconds += dt * self.gpus * int(live.sum())
         empty = self.draining[:self.n] & (np.bincount(self.req["rep"].astype(int), minlength=self.n)[:self.n] == 0)
@@ -229,7 +234,7 @@ class SimulatedFleet:
         active = np.bincount(rep, weights=(r["pleft"] < self.prompt).astype(float), minlength=self.n)
         return held, active
 
-    def _advance(self, t0: float, dt: float, alpha: float, share: float = 1.0) -> None:
+    def _advance(self, t0: float, dt: float, alpha: float, share: float | np.ndarray = 1.0) -> None:
         r, t1 = self.req, t0 + dt
         if not len(r["rep"]):
             return
@@ -237,6 +242,7 @@ class SimulatedFleet:
         held, batch = self._batches()
         prefilling = np.bincount(rep, weights=(r["pleft"] > 0).astype(float), minlength=self.n) > 0
         k = self.k[:self.n]
+        share = np.broadcast_to(np.asarray(share, float), k.shape)
         step = self._step_time(batch, k, prefilling, share)
         steps = np.where(held > 0, dt / step, 0.0)
         tokens_per_step = _expected(alpha, k, share)
@@ -254,7 +260,7 @@ class SimulatedFleet:
         self.step_tokens[pods, bucket, spec] += steps[pods] * computed[pods]
         self._finish(r)
 
-    def _prefill(self, r, rep, batch, steps, t0, dt, share: float = 1.0) -> np.ndarray:
+    def _prefill(self, r, rep, batch, steps, t0, dt, share: float | np.ndarray = 1.0) -> np.ndarray:
         """Serve prompt tokens from each pod's per-step budget, oldest first; returns new first-token times."""
         idx = np.flatnonzero(r["pleft"] > 0)
         first_at = np.full(len(rep), np.nan)
@@ -278,13 +284,13 @@ class SimulatedFleet:
         first_at[done] = r["first"][done]
         return first_at
 
-    def _room(self, batch: np.ndarray, k: np.ndarray, share: float = 1.0) -> np.ndarray:
+    def _room(self, batch: np.ndarray, k: np.ndarray, share: float | np.ndarray = 1.0) -> np.ndarray:
         """Prompt tokens per step: the budget the running sequences leave, each taking its token plus, a
         `share` of them, k draft tokens to verify (the engine schedules them before waiting prompts)."""
         return np.maximum(self.m.chunk - batch * (1 + share * k), 1.0)
 
     def _step_time(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray,
-                   share: float = 1.0) -> np.ndarray:
+                   share: float | np.ndarray = 1.0) -> np.ndarray:
         return self.truth.step(batch, k, prefilling, share)
 
     def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, share, toks, first_at) -> None:
@@ -307,22 +313,26 @@ class SimulatedFleet:
         self.step_s[pods, bucket, spec] += steps[pods] * step[pods]
         self.step_n[pods, bucket, spec] += steps[pods]
         self.step_seqs[pods, bucket, spec] += steps[pods] * batch[pods]
-        self._count_drafts(pods, steps[pods] * batch[pods], tokens_per_step[pods], k[pods], alpha, share)
+        self._count_drafts(pods, steps[pods] * batch[pods], tokens_per_step[pods], k[pods], alpha, share[pods])
 
-    def _count_drafts(self, pods, seq_steps, tokens_per_step, k, alpha: float, share: float) -> None:
+    def _count_drafts(self, pods, seq_steps, tokens_per_step, k, alpha: float, share: np.ndarray) -> None:
         """The engine's speculation counters for `seq_steps` decoding sequence-steps per pod: while on,
-        a `share` of them drafted k tokens (tokens_per_step - 1 accepted per sequence-step on average);
-        while off, a `share` had an n-gram guess standing, scored at the counterfactual depth."""
+        k x `share` tokens drafted per sequence-step (tokens_per_step - 1 accepted on average); while
+        off, the n-gram guesses scored at the counterfactual depth; on or off, the fresh proposals'
+        tokens at every depth (the tick's share at that depth)."""
         on, off = pods[k > 0], pods[k <= 0]
         on_steps, off_steps = seq_steps[k > 0], seq_steps[k <= 0]
         self.c[w.SPEC_SEQ_STEPS][on] += on_steps
-        self.c[w.DRAFTS][on] += on_steps * share
-        self.c[w.DRAFT_TOKENS][on] += on_steps * share * k[k > 0]
+        self.c[w.DRAFTS][on] += on_steps * share[k > 0]
+        self.c[w.DRAFT_TOKENS][on] += on_steps * share[k > 0] * k[k > 0]
         self.c[w.ACCEPTED_TOKENS][on] += on_steps * (tokens_per_step[k > 0] - 1)
+        cf_share = pm.share_at(self._shares, self.cf_k)
         self.c[w.CF_SEQ_STEPS][off] += off_steps
-        self.c[w.CF_GUESS_SEQ_STEPS][off] += off_steps * share
-        self.c[w.CF_DRAFT_TOKENS][off] += off_steps * share * self.cf_k
-        self.c[w.CF_ACCEPTED_TOKENS][off] += off_steps * (pm.expected_tokens(alpha, self.cf_k, share) - 1)
+        self.c[w.CF_DRAFT_TOKENS][off] += off_steps * cf_share * self.cf_k
+        self.c[w.CF_ACCEPTED_TOKENS][off] += off_steps * (pm.expected_tokens(alpha, self.cf_k, cf_share) - 1)
+        self.c[w.PROPOSAL_SEQ_STEPS][pods] += seq_steps
+        for depth in range(1, self.depths + 1):
+            self.c[w.proposed_key(depth)][pods] += seq_steps * depth * pm.share_at(self._shares, depth)
 
     def _finish(self, r) -> None:
         done = (r["oleft"] <= 1e-9) & ~np.isnan(r["first"])
@@ -391,7 +401,12 @@ def _hist(bounds, counts, total) -> w.Histogram:
     return w.Histogram(tuple(bounds), tuple(np.cumsum(counts).tolist()), float(total))
 
 
-def _expected(alpha: float, k: np.ndarray, share: float = 1.0) -> np.ndarray:
+def _share_by_pod(share: pm.Share, k: np.ndarray) -> np.ndarray:
+    """Each pod's draft share at its depth (off pods: the share at depth 1, unused)."""
+    return np.array([pm.share_at(share, max(1, int(depth))) for depth in k], float)
+
+
+def _expected(alpha: float, k: np.ndarray, share: float | np.ndarray = 1.0) -> np.ndarray:
     """Tokens per sequence-step at depth `k` (vectorized `pm.expected_tokens`): a `share` drafts."""
     full = k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
     return share * full + (1 - share)          # = 1 + share x (full - 1), and exactly `full` at share 1

@@ -34,7 +34,7 @@ from specfleet.operator.control.window import build_window
 from specfleet.operator.simulator.fleet import Record, SimulatedFleet
 from specfleet.operator.simulator.run import setup_spec
 from specfleet.operator.simulator.trace import Trace
-from specfleet.operator.simulator.truth import acceptance_alpha, acceptance_share
+from specfleet.operator.simulator.truth import acceptance_alpha, acceptance_shares
 
 MODES = ("auto", "on", "off")
 
@@ -104,7 +104,7 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
     spec, plan, model, truth = setup_spec(service_spec(cr_spec, cfg.mode), profile, planned)
     k_max = spec.speculation.max_speculative_tokens
     alphas = {p.workload: acceptance_alpha(profile, p.workload, k_max) for p in trace.phases}
-    shares = {p.workload: acceptance_share(profile, p.workload, k_max) for p in trace.phases}
+    shares = {p.workload: acceptance_shares(profile, p.workload, k_max) for p in trace.phases}
     prompts = {p.workload: (cfg.prompt_tokens or {}).get(p.workload, spec.slo.prompt_tokens) for p in trace.phases}
     fleet = SimulatedFleet(model, truth, prompts[trace.phases[0].workload], 0.0, plan.gpus_per_replica,
                            plan.kv_cache_blocks * plan.block_size, np.random.default_rng(cfg.seed), "deadline")

@@ -18,6 +18,7 @@ and `notes` says so, in every result that carries the truth.
 """
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,15 @@ def acceptance_share(profile: prof.Profile, workload: str, k: int | None = None)
     profile too old to have measured it."""
     share = _acceptance(profile, workload, k).draft_share
     return 1.0 if share is None else share
+
+
+def acceptance_shares(profile: prof.Profile, workload: str, max_k: int) -> tuple[float, ...] | float:
+    """The draft share at each depth 1, 2, ... the profile measured for `workload` without a gap, up to
+    `max_k` (the share falls with k: n-gram proposals are often shorter than k); without depth 1
+    measured, the one share `acceptance_share` gives."""
+    measured = {a.k: a.draft_share for a in profile.acceptance if a.workload == workload}
+    shares = list(itertools.takewhile(lambda s: s is not None, (measured.get(j) for j in range(1, max_k + 1))))
+    return tuple(shares) if shares else acceptance_share(profile, workload, max_k)
 
 
 def _acceptance(profile: prof.Profile, workload: str, k: int | None) -> prof.Acceptance:

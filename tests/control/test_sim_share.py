@@ -89,14 +89,33 @@ def test_the_scraped_counters_give_the_draft_share_while_on_and_off():
     t = _run(fleet, 0.5)
     cur = fleet.scrape(t)
     on = build_window(prev, cur, expected=1)
-    assert on.draft_share == pytest.approx(0.5) and on.counterfactual_draft_share is None
+    assert on.draft_share == pytest.approx(0.5) and on.draft_shares == pytest.approx((0.5,) * 4)
     assert on.acceptance_rate == pytest.approx((pm.expected_tokens(ALPHA, K) - 1) / K)
     assert on.mean_accepted_length == pytest.approx(pm.expected_tokens(ALPHA, K))   # per draft, not per step
     fleet.set_speculation(False, K)
     t2 = _run(fleet, 0.5, t)
     off = build_window(cur, fleet.scrape(t2), expected=1)
-    assert off.counterfactual_draft_share == pytest.approx(0.5) and off.draft_share is None
+    assert off.draft_shares == pytest.approx((0.5,) * 4) and off.draft_share is None
     assert off.counterfactual_acceptance_rate == pytest.approx(on.acceptance_rate)
+
+
+SHARES = (0.6, 0.5, 0.4, 0.3)      # proposals often shorter than k: the share falls with the depth
+
+
+def test_shares_by_depth_price_each_pod_at_its_own_depth_and_read_the_same_on_and_off():
+    fleet = _fleet(k=2)
+    prev = fleet.scrape(0.0)
+    t = _run(fleet, SHARES)
+    cur = fleet.scrape(t)
+    on = build_window(prev, cur, expected=1)
+    assert on.draft_share == pytest.approx(0.5)                   # drafted at k = 2
+    assert on.draft_shares == pytest.approx(SHARES)
+    tokens, step = _per_step(fleet)
+    assert tokens == pytest.approx(pm.expected_tokens(ALPHA, 2, 0.5), rel=1e-6)
+    assert step == pytest.approx(0.16 + 0.004 * 10 * (1 + 0.5 * 2))
+    fleet.set_speculation(False, 2)
+    off = build_window(cur, fleet.scrape(_run(fleet, SHARES, t)), expected=1)
+    assert off.draft_share is None and off.draft_shares == pytest.approx(on.draft_shares)
 
 
 def test_every_sequence_step_drafts_at_share_one():
@@ -113,6 +132,15 @@ def test_the_share_comes_from_the_profiles_workload_and_defaults_to_one():
     assert T.acceptance_share(profile(None, None), "copy-heavy", K) == 1.0
     with pytest.raises(KeyError, match="no acceptance for workload 'chat'"):
         T.acceptance_share(p, "chat")
+
+
+def test_the_profile_gives_a_share_per_depth_where_it_measured_every_depth_from_one():
+    base = profile()
+    by_depth = [P.Acceptance("copy-heavy", k, 100 * k * share, 50, 100, 100) for k, share in enumerate(SHARES, 1)]
+    p = P.Profile(base.model, base.device, base.dtype, {}, "", "test", [], base.fit, by_depth)
+    assert T.acceptance_shares(p, "copy-heavy", 4) == pytest.approx(SHARES)
+    assert T.acceptance_shares(p, "copy-heavy", 2) == pytest.approx(SHARES[:2])
+    assert T.acceptance_shares(base, "copy-heavy", 4) == pytest.approx(0.5)      # k = 4 only: one share
 
 
 TRACE = Trace(phases=(Phase("copy", "copy-heavy", 10.0, 2, 2), Phase("open", "open-ended", 10.0, 2, 2)),

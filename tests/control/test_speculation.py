@@ -171,4 +171,20 @@ def test_a_decision_says_what_speculation_gains_at_the_batch_it_saw(model, make_
     gain = lambda d: float(d.message.split("(x")[1].split(" ")[0])          # noqa: E731
     assert f"pays up to batch {mbs} (x" in paying.message and "draft share 1.00" in paying.message
     assert gain(paying) > 1.0 >= gain(costly) and costly.reason == "BatchAboveThreshold"
-    assert gain(paying) == round(m.speedup(1, alpha), 2)
+    assert gain(paying) == round(m.speedup(1, alpha)[0], 2)
+
+
+def test_the_share_is_priced_at_each_depth_and_alike_on_and_off(model, make_window):
+    """Proposals shorter than k: the share falls with the depth. The engines count it the same way on
+    and off, so at the same batch and acceptance the threshold is the same in both states (the old
+    off-state proxy, steps with a guess standing, priced a share twice the one seen once on)."""
+    m = threshold_model(model)
+    shares = (0.45, 0.33, 0.27, 0.23)
+    window = replace(make_window(rps=0.01, batch=2, acceptance=0.6, counterfactual=0.6, k=1), draft_shares=shares)
+    (on,), _ = feed(m, [window], s.SpeculationState(True, 1, since=0.0))
+    (off,), _ = feed(m, [window], s.SpeculationState(False, 1, since=0.0))
+    assert on.threshold == off.threshold == m.with_draft_share(shares).max_batch_for_speculation(on.alpha)
+    gain, k = m.with_draft_share(shares).speedup(2, on.alpha)
+    assert f"at k={k}, draft share {shares[k - 1]:.2f})" in on.message
+    flat = m.with_draft_share(shares[0])       # one share for every depth overprices the deep ones
+    assert flat.speedup(2, on.alpha)[0] > gain

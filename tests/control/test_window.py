@@ -123,16 +123,21 @@ specfleet:num_speculative_tokens{{model_name="m"}} 2
 specfleet:spec_decode_seq_steps_total{{model_name="m"}} {seq_steps}
 # TYPE specfleet:counterfactual_seq_steps counter
 specfleet:counterfactual_seq_steps_total{{model_name="m"}} {cf_steps}
-# TYPE specfleet:counterfactual_guess_seq_steps counter
-specfleet:counterfactual_guess_seq_steps_total{{model_name="m"}} {cf_guess}
+# TYPE specfleet:ngram_proposal_seq_steps counter
+specfleet:ngram_proposal_seq_steps_total{{model_name="m"}} {proposals}
+# TYPE specfleet:ngram_proposed_tokens counter
+specfleet:ngram_proposed_tokens_total{{depth="1",model_name="m"}} {d1}
+specfleet:ngram_proposed_tokens_total{{depth="2",model_name="m"}} {d2}
+specfleet:ngram_proposed_tokens_total{{depth="3",model_name="m"}} {d3}
 """
 
 
-def test_the_draft_share_is_draft_tokens_per_k_decoding_sequence_steps_on_and_guesses_per_step_off():
+def test_the_draft_share_is_draft_tokens_per_k_sequence_steps_and_proposal_tokens_per_depth_on_or_off():
     def at(t, **counts):
         return parse_exposition(SPECULATION.format(**counts), t)
-    w = build_window({"a": at(0, drafts=10, seq_steps=20, cf_steps=0, cf_guess=0)},
-                     {"a": at(10, drafts=70, seq_steps=120, cf_steps=50, cf_guess=10)}, 1)
-    assert w.draft_share == pytest.approx(0.3) and w.counterfactual_draft_share == pytest.approx(0.2)
+    w = build_window({"a": at(0, drafts=10, seq_steps=20, cf_steps=0, proposals=0, d1=0, d2=0, d3=0)},
+                     {"a": at(10, drafts=70, seq_steps=120, cf_steps=50, proposals=100, d1=50, d2=80, d3=90)}, 1)
+    assert w.draft_share == pytest.approx(0.3)
+    assert w.draft_shares == pytest.approx((0.5, 0.4, 0.3))        # sum of min(L, j) / (j x proposals)
     old = build_window({"a": scrape(0)}, {"a": scrape(10)}, 1)          # an engine without the counters
-    assert old.draft_share is None and old.counterfactual_draft_share is None
+    assert old.draft_share is None and old.draft_shares is None

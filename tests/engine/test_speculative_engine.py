@@ -117,6 +117,12 @@ def test_steps_count_verifying_sequences_as_decoding_and_the_draft_share_is_expo
     assert full and all(r.num_decode_seqs == 4 and r.num_prefill_tokens == 0 for r in full)
     assert 0 < stats.spec_drafts <= stats.spec_decode_seq_steps
     assert stats.spec_decode_seq_steps == sum(r.num_decode_seqs for r in records)
+    on_steps, on_by_depth = stats.ngram_proposal_seq_steps, list(stats.ngram_proposed_by_depth)
+    assert 0 < stats.spec_draft_tokens <= on_by_depth[llm.engine.speculation.active_k - 1]
     llm.set_speculation(enabled=False)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
-    assert 0 < stats.counterfactual_guess_seq_steps <= stats.counterfactual_seq_steps
+    assert 0 < stats.ngram_proposal_seq_steps - on_steps <= stats.counterfactual_seq_steps
+    for by_depth, steps in ((on_by_depth, on_steps), (stats.ngram_proposed_by_depth, stats.ngram_proposal_seq_steps)):
+        assert len(by_depth) == 4 and 0 < by_depth[0] <= steps
+        gains = [b - a for a, b in zip([0, *by_depth], by_depth)]     # proposals at least j long, per depth j
+        assert all(later <= earlier for earlier, later in zip(gains, gains[1:]))

@@ -211,6 +211,21 @@ def test_a_draft_share_below_one_lowers_both_the_gain_and_the_cost_of_speculatin
     assert model.prefill_room(8, 4) == model.chunk - 24
 
 
+def test_shares_by_depth_price_each_depth_at_its_own_share(make_spec, gpus, models):
+    cost, shares = cpu_cost(), (0.45, 0.33, 0.27, 0.23)
+    assert [pm.share_at(shares, k) for k in (1, 2, 4)] == [0.45, 0.33, 0.23]
+    assert pm.share_at(shares, 8) == pytest.approx(0.23 * 4 / 8)      # proposals stop at the deepest measured
+    assert pm.share_at(0.4, 3) == 0.4
+    for k in (1, 2, 4):
+        assert pm.goodput_of(cost, 8, 256, 0.8, k, share=shares) == pytest.approx(
+            pm.goodput_of(cost, 8, 256, 0.8, k, share=shares[k - 1]))
+    spec = make_spec(**CPU)
+    plan = planner.plan(spec, gpus, models, cpu_catalog())
+    model = capacity.service_model(spec, plan, gpus, models).with_draft_share(shares)
+    assert model.prefill_room(8, 2) == model.chunk - round(8 * (1 + 0.33 * 2))
+    assert model.tokens_per_step(0.8, 4) == pytest.approx(pm.expected_tokens(0.8, 4, 0.23))
+
+
 def test_the_speculation_threshold_is_the_last_batch_that_pays_past_a_gap_below_the_knee(make_spec):
     """The shipped SmolLM2 profile bends at 16 tokens: just below it a verify step's extra rows cost the
     few-row price, so at a = 0.5 speculation stops paying for some batches and pays again past them.

@@ -78,7 +78,8 @@ def test_batch_bucket_labels():
 
 @pytest.fixture(scope="module")
 def spec_server(server_factory):
-    return server_factory(admin_token="s3cret", speculative_method="ngram", num_speculative_tokens=4)
+    # ngram_min 1: a random-weight model rarely repeats a 2-gram of its own output
+    return server_factory(admin_token="s3cret", speculative_method="ngram", num_speculative_tokens=4, ngram_min=1)
 
 
 def test_admin_needs_the_bearer_token(spec_server):
@@ -112,3 +113,20 @@ def test_admin_answers_409_while_speculation_is_not_configured(server_factory):
     resp = httpx.post(url, json={"enabled": True}, headers=auth)
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "speculation_not_configured"
     assert "--speculative-method" in resp.json()["error"]["message"]
+
+
+def test_the_proposal_counters_give_the_operator_a_share_per_depth_while_off(spec_server):
+    from specfleet.operator.control.window import build_window
+    from specfleet.operator.metrics_source import parse_exposition
+
+    url, auth = f"{spec_server.base_url}/admin/speculation", {"Authorization": "Bearer s3cret"}
+    httpx.post(url, json={"enabled": False, "num_speculative_tokens": 4}, headers=auth)
+    before = parse_exposition(httpx.get(f"{spec_server.base_url}/metrics").text, 0.0)
+    httpx.post(f"{spec_server.base_url}/v1/completions", timeout=60,
+               json={"prompt": "a b c d " * 16, "max_tokens": 24, "ignore_eos": True, "temperature": 0})
+    spec_server.wait_idle()
+    after = parse_exposition(httpx.get(f"{spec_server.base_url}/metrics").text, 10.0)
+    httpx.post(url, json={"enabled": True}, headers=auth)
+    shares = build_window({"pod": before}, {"pod": after}, 1).draft_shares
+    assert shares is not None and len(shares) == 4 and 0 < shares[0] <= 1
+    assert all(deeper <= shallower for shallower, deeper in zip(shares, shares[1:]))   # E[min(L, k)] / k

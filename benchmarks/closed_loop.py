@@ -271,7 +271,8 @@ class Sample:
     scales: tuple[float, float] | None = None   # status.calibration's (decodeScale, verifyScale), once online
 
 
-SERIES = ("specfleet:batch_size_sum", "specfleet:batch_size_count", "vllm:generation_tokens_total")
+SERIES = ("specfleet:batch_size_sum", "specfleet:batch_size_count", "vllm:generation_tokens_total",
+          "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 
 
 def scrape(url: str) -> tuple[dict[str, float], list[tuple[float, float]]]:
@@ -382,9 +383,15 @@ def span_figures(requests: list[Request], samples: list[Sample], start: float, e
             "tpot_p50_ms": ms(percentile([r.tpot_s for r in ended if r.tpot_s is not None], 0.5)),
             "tpot_p99_ms": ms(percentile([r.tpot_s for r in ended if r.tpot_s is not None], 0.99)),
             "batch_mean": round(delta(pair, "specfleet:batch_size_sum") / count, 2) if count else None,
+            "prefix_hit_share": _ratio(delta(pair, "vllm:prefix_cache_hits_total"),
+                                       delta(pair, "vllm:prefix_cache_queries_total")),
             "speculation_on_share": round(sum(states) / len(states), 3) if states else None,
             "decode_scale": median([d for d, _ in scales]), "verify_scale": median([v for _, v in scales]),
             "requests": len(ended), "failed": sum(1 for r in requests if start <= r.end < end and r.error)}
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return round(part / whole, 3) if part is not None and whole else None
 
 
 SWITCH = re.compile(r"speculation (on k=(\d+)|off) \((\w+)\)")

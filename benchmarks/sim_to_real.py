@@ -19,6 +19,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -40,6 +41,28 @@ TOLERANCE = 0.25
 # Prompt tokens of closed_loop.py's requests: benchmarks/speculation.py's tasks in SmolLM2's chat template
 # (default system prompt), counted with its tokenizer: copy-heavy 73-156 (mean 131.5), open-ended 41-46 (44).
 PROMPT_TOKENS = {"copy-heavy": 132, "open-ended": 44}
+# Each workload has 4 prompts, reused by every request: after a prompt's first use the engine's prefix
+# cache holds its full 16-token blocks, and only the rest (at least its last token) is prefilled.
+BLOCK = 16
+
+
+def cached_share(prompt: int, block: int = BLOCK) -> float:
+    """Share of a repeated `prompt` the prefix cache serves: its full blocks before the last token."""
+    return (prompt - 1) // block * block / prompt
+
+
+def prefix_hits(real: dict | None, prompts: dict[str, int]) -> dict[str, float]:
+    """Per workload: the real run's measured prefix-cache hit share (median over its phases and modes)
+    where it recorded one, else `cached_share` of the workload's prompt."""
+    hits = {w: cached_share(p) for w, p in prompts.items()}
+    phases = {p["name"]: p["workload"] for p in (real or {}).get("config", {}).get("trace", {}).get("phases", [])}
+    for workload in prompts:
+        seen = [f.get("prefix_hit_share") for run in (real or {}).get("runs", {}).values()
+                for name, f in run.get("phases", {}).items() if phases.get(name) == workload]
+        seen = [x for x in seen if x is not None]
+        if seen:
+            hits[workload] = statistics.median(seen)
+    return hits
 FIT_WARNING = 0.25          # a profile fit worse than this is flagged before its numbers are trusted
 
 
@@ -52,15 +75,38 @@ def real_trace(real: dict) -> Trace | None:
                               for p in raw["phases"]), max_tokens=raw.get("max_tokens", SIM_TO_REAL.max_tokens))
 
 
+def scaled(profile: profile_model.Profile, decode: float, verify: float) -> profile_model.Profile:
+    """The profile with its decode and prefill fits times `decode` and its verify fit times `verify`: the
+    step costs the real engines ran at, as the operator's online calibration measured them."""
+    def times(fit: profile_model.StepFit, by: float) -> profile_model.StepFit:
+        return replace(fit, a=fit.a * by, b=fit.b * by, c=fit.c * by, s=fit.s * by, b2=fit.b2 * by)
+    fits = {kind: times(fit, verify if kind == "verify" else decode) for kind, fit in profile.fit.items()}
+    return replace(profile, fit=fits)
+
+
+def real_scales(real: dict) -> tuple[float, float] | None:
+    """Median decode and verify scales the real run's auto mode recorded over its phases."""
+    phases = real.get("runs", {}).get("auto", {}).get("phases", {}).values()
+    decode = [p["decode_scale"] for p in phases if p.get("decode_scale")]
+    verify = [p["verify_scale"] for p in phases if p.get("verify_scale")]
+    if not decode:
+        return None
+    return statistics.median(decode), statistics.median(verify) if verify else statistics.median(decode)
+
+
 def simulate(profile_path: Path, modes: tuple[str, ...], seeds: tuple[int, ...], trace: Trace, interval: float,
-             dwell: float, prompt_tokens: dict[str, int]) -> dict:
+             dwell: float, prompt_tokens: dict[str, int], prefix_hit: dict[str, float] | None = None,
+             scales: tuple[float, float] | None = None) -> dict:
     """{mode: {"phases": {phase: {metric: median, metric_spread: max - min}}, "switches": [per seed]}}."""
     spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
     profile = profile_model.load(profile_path)
+    if scales is not None:
+        profile = scaled(profile, *scales)
     out = {}
     for mode in modes:
         runs = [replay.replay(trace, spec, profile, replay.ReplayConfig(mode=mode, interval_s=interval, dwell_s=dwell,
-                                                                       seed=s, prompt_tokens=prompt_tokens))
+                                                                       seed=s, prompt_tokens=prompt_tokens,
+                                                                       prefix_hit=prefix_hit))
                 for s in seeds]
         out[mode] = {"phases": {name: _aggregate([r["phases"][name] for r in runs]) for name in runs[0]["phases"]},
                      "truth_notes": runs[0]["truth_notes"], "token_budget": runs[0]["token_budget"],
@@ -144,6 +190,12 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, nargs=2, metavar=("COPY_HEAVY", "OPEN_ENDED"),
                     default=[PROMPT_TOKENS["copy-heavy"], PROMPT_TOKENS["open-ended"]],
                     help="prompt tokens per workload (default: those of closed_loop.py's prompts)")
+    ap.add_argument("--prefix-hit", type=float, nargs=2, metavar=("COPY_HEAVY", "OPEN_ENDED"),
+                    help="share of prompt tokens the prefix cache serves per workload (default: the real run's "
+                         "measured share, else the repeated prompts' full blocks)")
+    ap.add_argument("--truth", choices=("profile", "real-scales"), default="profile",
+                    help="profile: the profile as measured; real-scales: its fits times the decode and verify "
+                         "scales the real run's operator measured online (the engines' speed on the day)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     path = args.profile or find_profile("smollm2-135m", "cpu")
@@ -159,10 +211,14 @@ def main() -> None:
     prompts = dict(zip(("copy-heavy", "open-ended"), args.prompt_tokens))
     real = json.loads(args.real.read_text()) if args.real else None
     trace = (real_trace(real) if real else None) or SIM_TO_REAL.scaled(args.scale)
-    sim = simulate(path, tuple(args.modes), tuple(args.seeds), trace, args.interval, args.dwell, prompts)
+    hits = prefix_hits(real, prompts) if args.prefix_hit is None else dict(zip(prompts, args.prefix_hit))
+    scales = real_scales(real) if real and args.truth == "real-scales" else None
+    sim = simulate(path, tuple(args.modes), tuple(args.seeds), trace, args.interval, args.dwell, prompts, hits,
+                   scales)
     print_sim(console, sim)
     result = {"profile": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
-              "prompt_tokens": prompts, "trace": {"phases": [p.__dict__ for p in trace.phases],
+              "prompt_tokens": prompts, "prefix_hit": hits, "truth": args.truth, "truth_scales": scales,
+              "trace": {"phases": [p.__dict__ for p in trace.phases],
                                                   "max_tokens": trace.max_tokens},
               "seeds": args.seeds, "interval_s": args.interval, "dwell_s": args.dwell, "simulator": sim}
     if real:

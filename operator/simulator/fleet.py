@@ -241,13 +241,14 @@ class SimulatedFleet:
         rep = r["rep"].astype(int)
         held, batch = self._batches()
         prefilling = np.bincount(rep, weights=(r["pleft"] > 0).astype(float), minlength=self.n) > 0
+        pending = np.bincount(rep, weights=np.maximum(r["pleft"], 0.0), minlength=self.n)
         k = self.k[:self.n]
         share = np.broadcast_to(np.asarray(share, float), k.shape)
-        step = self._step_time(batch, k, prefilling, share)
+        step = self._step_time(batch, k, prefilling, share, pending)
         steps = np.where(held > 0, dt / step, 0.0)
         tokens_per_step = _expected(alpha, k, share)
         tpot = step / tokens_per_step
-        first_at = self._prefill(r, rep, batch, steps, t0, dt, share)
+        first_at = self._prefill(r, rep, batch, steps, t0, dt, share, step)
         decode_from = np.where(np.isnan(r["first"]), t1, np.maximum(r["first"], np.maximum(r["start"], t0)))
         toks = np.maximum(t1 - decode_from, 0.0) / tpot[rep]
         toks = np.minimum(toks, np.maximum(r["oleft"], 0))
@@ -260,8 +261,12 @@ class SimulatedFleet:
         self.step_tokens[pods, bucket, spec] += steps[pods] * computed[pods]
         self._finish(r)
 
-    def _prefill(self, r, rep, batch, steps, t0, dt, share: float | np.ndarray = 1.0) -> np.ndarray:
-        """Serve prompt tokens from each pod's per-step budget, oldest first; returns new first-token times."""
+    def _prefill(self, r, rep, batch, steps, t0, dt, share: float | np.ndarray = 1.0,
+                 step: np.ndarray | None = None) -> np.ndarray:
+        """Serve prompt tokens from each pod's per-step budget, oldest first; returns new first-token times.
+        Steps are discrete: a request that reaches a pod waits out the step running there (a uniform
+        share of it) and gets its first token at the end of a step of its own, so with `step` (each pod's
+        step time) no first token comes sooner than that after the request's start."""
         idx = np.flatnonzero(r["pleft"] > 0)
         first_at = np.full(len(rep), np.nan)
         if not len(idx):
@@ -279,7 +284,10 @@ class SimulatedFleet:
         finished = r["pleft"][order] <= 1e-9
         done = order[finished]
         frac = np.clip(within[finished] / np.maximum(budget[pods[finished]], 1e-9), 0, 1)
-        r["first"][done] = np.maximum(t0 + frac * dt, r["start"][done])
+        earliest = r["start"][done]
+        if step is not None:
+            earliest = earliest + step[pods[finished]] * (1.0 + self.rng.uniform(0.0, 1.0, len(done)))
+        r["first"][done] = np.maximum(t0 + frac * dt, earliest)
         r["oleft"][done] -= 1
         first_at[done] = r["first"][done]
         return first_at
@@ -290,8 +298,8 @@ class SimulatedFleet:
         return np.maximum(self.m.chunk - batch * (1 + share * k), 1.0)
 
     def _step_time(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray,
-                   share: float | np.ndarray = 1.0) -> np.ndarray:
-        return self.truth.step(batch, k, prefilling, share)
+                   share: float | np.ndarray = 1.0, pending: np.ndarray | None = None) -> np.ndarray:
+        return self.truth.step(batch, k, prefilling, share, pending)
 
     def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, share, toks, first_at) -> None:
         pods = np.flatnonzero(batch > 0)

@@ -47,6 +47,9 @@ class ReplayConfig:
     dt: float = 0.1
     seed: int = 0
     prompt_tokens: dict[str, int] | None = None   # per workload; None (or a workload not in it): promptTokens
+    # Share of each workload's prompt tokens the engine's prefix cache serves (a workload's prompts that
+    # repeat): only the rest is prefilled. None (or a workload not in it): none.
+    prefix_hit: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +100,11 @@ def service_spec(cr_spec: dict, mode: str) -> api.InferenceServiceSpec:
     return api.parse_spec({**cr_spec, "speculation": {**cr_spec.get("speculation", {}), "mode": mode}})
 
 
+def _prefilled(prompt: int, hit: float) -> int:
+    """Prompt tokens a request prefills when the prefix cache serves a `hit` share of its `prompt`."""
+    return max(1, round(prompt * (1.0 - hit)))
+
+
 def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = ReplayConfig(),
            planned: ProfileCatalog | None = None) -> dict:
     """Run `trace` on one replica of the service `cr_spec` (a CR's `spec`) with `profile` as the truth;
@@ -105,7 +113,8 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
     k_max = spec.speculation.max_speculative_tokens
     alphas = {p.workload: acceptance_alpha(profile, p.workload, k_max) for p in trace.phases}
     shares = {p.workload: acceptance_shares(profile, p.workload, k_max) for p in trace.phases}
-    prompts = {p.workload: (cfg.prompt_tokens or {}).get(p.workload, spec.slo.prompt_tokens) for p in trace.phases}
+    prompts = {p.workload: _prefilled((cfg.prompt_tokens or {}).get(p.workload, spec.slo.prompt_tokens),
+                                      (cfg.prefix_hit or {}).get(p.workload, 0.0)) for p in trace.phases}
     fleet = SimulatedFleet(model, truth, prompts[trace.phases[0].workload], 0.0, plan.gpus_per_replica,
                            plan.kv_cache_blocks * plan.block_size, np.random.default_rng(cfg.seed), "deadline")
     fleet.record = Record()

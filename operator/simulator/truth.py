@@ -84,14 +84,18 @@ class ProfileTruth:
         return out
 
     def step(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray,
-             share: float | np.ndarray = 1.0) -> np.ndarray:
+             share: float | np.ndarray = 1.0, pending: np.ndarray | None = None) -> np.ndarray:
         """Seconds per step for each pod: `batch` running sequences, depth `k` (0: off), prefilling or not,
-        a `share` of the sequences drafting k tokens (1 + share x k tokens computed per sequence)."""
+        a `share` of the sequences drafting k tokens (1 + share x k tokens computed per sequence).
+        A prefilling pod's step computes its sequences' tokens plus the `pending` prompt tokens it holds,
+        up to the token budget (None: a full budget), priced by the prefill fit over that many tokens."""
         batch, k = np.asarray(batch, float), np.asarray(k, int)
+        running = batch * (1 + np.asarray(share, float) * k)
         decode = self.profile.fit["decode"].seconds(batch, self.ctx, 1)
         verify = self.fit("verify").seconds(batch, self.ctx, 1 + np.asarray(share, float) * k)
         step = np.where(k > 0, verify, decode)
-        mixed = self.fit("prefill").seconds(1, self.ctx, self.chunk)
+        tokens = self.chunk if pending is None else np.minimum(self.chunk, running + np.asarray(pending, float))
+        mixed = self.fit("prefill").seconds(1, self.ctx, tokens)
         return np.where(prefilling, np.maximum(step, mixed), step)
 
     def calibration(self, shape: pm.ModelShape, prior: pm.Calibration) -> pm.Calibration:

@@ -162,3 +162,29 @@ def test_the_replay_hands_each_phases_profile_share_to_the_fleet(monkeypatch):
     seen.clear()
     old = replay.replay(TRACE, CPU_SPEC, profile(None, None), replay.ReplayConfig(mode="on"), NO_PROFILES)
     assert old["draft_share"] == {"copy-heavy": 1.0, "open-ended": 1.0} and set(seen.values()) == {1.0}
+
+
+def test_a_prefilling_pod_steps_at_the_tokens_it_holds_not_a_full_budget():
+    truth = T.ProfileTruth(profile(), ctx=300, chunk=64)
+    prefill = lambda tokens: 0.05 + 0.0025 * tokens                         # noqa: E731
+    steps = truth.step(np.array([4, 4, 4]), np.array([0, 0, 0]), np.array([True, True, False]),
+                       pending=np.array([10, 500, 10]))
+    assert steps.tolist() == pytest.approx([max(0.08 + 0.004 * 4, prefill(14)), prefill(64), 0.08 + 0.004 * 4])
+    assert truth.step(np.array([4]), np.array([0]), np.array([True]))[0] == pytest.approx(prefill(64))
+
+
+def test_no_first_token_comes_sooner_than_one_step_after_the_request_reaches_its_pod():
+    fleet = _fleet(k=0, sequences=0)
+    fleet.prompt = 2                                  # a cached prompt: two tokens left to prefill
+    fleet.submit(np.array([0.05]), np.array([50.0]))
+    _run(fleet, 1.0, seconds=1.0, dt=0.01)
+    step = fleet.truth.step(np.array([1]), np.array([0]), np.array([True]), pending=np.array([2]))[0]
+    ttft = float(fleet.req["first"][0] - fleet.req["arrival"][0])
+    assert step <= ttft <= 2 * step + 0.01            # the running step's rest, then its own
+
+
+def test_the_replay_prefills_only_what_the_prefix_cache_leaves():
+    r = replay.replay(TRACE, CPU_SPEC, profile(), replay.ReplayConfig(
+        mode="off", prompt_tokens={"copy-heavy": 132, "open-ended": 44}, prefix_hit={"copy-heavy": 128 / 132}),
+        NO_PROFILES)
+    assert r["prompt_tokens"] == {"copy-heavy": 4, "open-ended": 44}

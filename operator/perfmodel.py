@@ -152,6 +152,27 @@ def share_at(share: Share, k: int) -> float:
     return float(share[k - 1]) if k <= len(share) else float(share[-1]) * len(share) / k
 
 
+def share_per_step(share_per_token: float, alpha: float, k: int) -> float:
+    """The draft share per decoding sequence-step while speculating, from the share per token while not.
+
+    Off, the engine proposes after every token, so its share counts token positions. On, a step at a
+    position with a draft advances E[tokens | alpha, k] tokens and one without advances one: the
+    positions with drafts are passed through in fewer steps, so they are a smaller share of the steps
+    (s / g) / (s / g + 1 - s), g = E[tokens | alpha, k]."""
+    if k <= 0 or share_per_token <= 0:
+        return share_per_token
+    drafted = share_per_token / expected_tokens(alpha, k)
+    return drafted / (drafted + 1.0 - share_per_token)
+
+
+def share_per_token(share_per_step: float, alpha: float, k: int) -> float:
+    """The inverse of `share_per_step`: what the engine counts while off for a share per step while on."""
+    if k <= 0 or share_per_step <= 0:
+        return share_per_step
+    gain = expected_tokens(alpha, k)
+    return share_per_step * gain / (1.0 - share_per_step + share_per_step * gain)
+
+
 def expected_tokens(alpha: float, k: int, share: Share = 1.0) -> float:
     """E[tokens per sequence-step] with acceptance `alpha` and depth `k` (k = 0: exactly one token) when
     a `share` of the sequence-steps draft (n-gram drafting finds a match only for some; the others

@@ -34,6 +34,7 @@ from specfleet.operator.capacity import (TARGET_UTILIZATION, Load, ServiceModel,
                                          costs_replicas)
 from specfleet.operator.control.autoscaler import arrivals_of
 from specfleet.operator.control.window import Window
+from specfleet.operator.perfmodel import share_per_step
 
 SPECFLEET_DWELL_S, VLLM_DWELL_S = 60.0, 600.0
 
@@ -91,7 +92,7 @@ def decide(window: Window | None, model: ServiceModel, policy: SpeculationPolicy
         return _hold(state, "MetricsUnavailable", "no batch-size evidence in the window; holding"), state
     batch_per_pod = batch
     alpha = _alpha(window, state)
-    model = model.with_draft_share(_share(window, state))
+    model = model.with_draft_share(_share(window, state, alpha))
     if policy.mode == "on":
         return _forced_on(model, policy, state, batch_per_pod, alpha, now)
     load = _load(window, headroom)
@@ -130,7 +131,7 @@ def on_surge(window: Window | None, model: ServiceModel, policy: SpeculationPoli
     if not state.enabled or policy.mode != "auto" or window is None or not window.complete:
         return None, state
     alpha = _alpha(window, state)
-    model = model.with_draft_share(_share(window, state))
+    model = model.with_draft_share(_share(window, state, alpha))
     costly = costs_replicas(model, policy, _load(window, headroom),
                             policy.min_acceptance if alpha is None else alpha, state.k)
     if not costly:
@@ -161,11 +162,15 @@ def _alpha_high(window: Window, state: SpeculationState, alpha: float | None) ->
     return alpha_from_acceptance(high, _depth(window, state))
 
 
-def _share(window: Window, state: SpeculationState) -> tuple[float, ...] | float | None:
-    """Draft share by depth: the engines' fresh n-gram proposal lengths, counted alike on and off; an
-    engine without those counters gives the drafted share at its k while on, nothing while off."""
-    if window.draft_shares:
+def _share(window: Window, state: SpeculationState, alpha: float | None) -> tuple[float, ...] | float | None:
+    """Draft share per sequence-step by depth, from the engines' fresh n-gram proposal lengths. On, they
+    count them per step; off, per token, which `share_per_step` converts at the acceptance `alpha`
+    (accepted drafts pass through the positions that have them in fewer steps). An engine without
+    those counters gives the drafted share at its k while on, nothing while off."""
+    if window.draft_shares and (state.enabled or alpha is None):
         return window.draft_shares
+    if window.draft_shares:
+        return tuple(share_per_step(s, alpha, k) for k, s in enumerate(window.draft_shares, start=1))
     return window.draft_share if state.enabled else None
 
 

@@ -327,7 +327,8 @@ class SimulatedFleet:
         """The engine's speculation counters for `seq_steps` decoding sequence-steps per pod: while on,
         k x `share` tokens drafted per sequence-step (tokens_per_step - 1 accepted on average); while
         off, the n-gram guesses scored at the counterfactual depth; on or off, the fresh proposals'
-        tokens at every depth (the tick's share at that depth)."""
+        tokens at every depth: the tick's share at that depth per step while on, and while off per token
+        (`pm.share_per_token`: an engine that is not speculating proposes after every token)."""
         on, off = pods[k > 0], pods[k <= 0]
         on_steps, off_steps = seq_steps[k > 0], seq_steps[k <= 0]
         self.c[w.SPEC_SEQ_STEPS][on] += on_steps
@@ -340,7 +341,9 @@ class SimulatedFleet:
         self.c[w.CF_ACCEPTED_TOKENS][off] += off_steps * (pm.expected_tokens(alpha, self.cf_k, cf_share) - 1)
         self.c[w.PROPOSAL_SEQ_STEPS][pods] += seq_steps
         for depth in range(1, self.depths + 1):
-            self.c[w.proposed_key(depth)][pods] += seq_steps * depth * pm.share_at(self._shares, depth)
+            per_step = pm.share_at(self._shares, depth)       # the profile measured it speculating
+            self.c[w.proposed_key(depth)][on] += on_steps * depth * per_step
+            self.c[w.proposed_key(depth)][off] += off_steps * depth * pm.share_per_token(per_step, alpha, depth)
 
     def _finish(self, r) -> None:
         done = (r["oleft"] <= 1e-9) & ~np.isnan(r["first"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from specfleet.operator import perfmodel as pm
 from specfleet.operator.control import speculation as s
 from specfleet.operator.capacity import alpha_from_acceptance
 
@@ -182,7 +183,10 @@ def test_the_share_is_priced_at_each_depth_and_alike_on_and_off(model, make_wind
     shares = (0.45, 0.33, 0.27, 0.23)
     window = replace(make_window(rps=0.01, batch=2, acceptance=0.6, counterfactual=0.6, k=1), draft_shares=shares)
     (on,), _ = feed(m, [window], s.SpeculationState(True, 1, since=0.0))
-    (off,), _ = feed(m, [window], s.SpeculationState(False, 1, since=0.0))
+    # Off, the engines propose after every token: the same text reads a larger share per token.
+    per_token = tuple(pm.share_per_token(x, on.alpha, k) for k, x in enumerate(shares, start=1))
+    assert all(t > x for t, x in zip(per_token, shares))
+    (off,), _ = feed(m, [replace(window, draft_shares=per_token)], s.SpeculationState(False, 1, since=0.0))
     assert on.threshold == off.threshold == m.with_draft_share(shares).max_batch_for_speculation(on.alpha)
     gain, k = m.with_draft_share(shares).speedup(2, on.alpha)
     assert f"at k={k}, draft share {shares[k - 1]:.2f})" in on.message

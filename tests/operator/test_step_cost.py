@@ -211,6 +211,17 @@ def test_a_draft_share_below_one_lowers_both_the_gain_and_the_cost_of_speculatin
     assert model.prefill_room(8, 4) == model.chunk - 24
 
 
+def test_a_share_per_token_off_is_fewer_steps_once_drafts_are_accepted():
+    """Off, the engine proposes after every token; on, an accepted draft passes the positions that have
+    one in fewer steps. 0.6 of the tokens at a = 0.73, k = 1 (1.73 tokens a drafting step) is 0.46 of
+    the steps, the two readings the closed loop saw (0.59-0.61 off, 0.39-0.45 on)."""
+    assert pm.share_per_step(0.6, 0.73, 1) == pytest.approx(0.6 / 1.73 / (0.6 / 1.73 + 0.4))
+    assert 0.45 < pm.share_per_step(0.6, 0.73, 1) < 0.47
+    for share, alpha, k in ((0.6, 0.73, 1), (0.3, 0.5, 4), (0.9, 0.99, 2)):
+        assert pm.share_per_token(pm.share_per_step(share, alpha, k), alpha, k) == pytest.approx(share)
+    assert pm.share_per_step(0.6, 0.0, 3) == pytest.approx(0.6) and pm.share_per_step(0.6, 0.8, 0) == 0.6
+
+
 def test_shares_by_depth_price_each_depth_at_its_own_share(make_spec, gpus, models):
     cost, shares = cpu_cost(), (0.45, 0.33, 0.27, 0.23)
     assert [pm.share_at(shares, k) for k in (1, 2, 4)] == [0.45, 0.33, 0.23]

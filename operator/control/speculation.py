@@ -154,12 +154,16 @@ def _alpha(window: Window, state: SpeculationState) -> float | None:
 def _alpha_high(window: Window, state: SpeculationState, alpha: float | None) -> float | None:
     """The acceptance probability two standard errors above the measured one, drafts as the trials: a few
     drafts in a short window (the end of a ramp, a 2 s interval) cannot show acceptance too low on their
-    own. Without a draft count, the measured value."""
+    own. Where the engines count accepted tokens by position, it is the first draft token's acceptance:
+    n-gram acceptance falls with the position (a copied run ends), so the per-token probability that
+    a geometric model infers from all k positions reads low at k = 4 where one token ahead is accepted
+    often (copy-heavy: 0.73 of 4 tokens, 0.93 of 1). Without a draft count, the measured value."""
     if alpha is None or not window.drafts or window.acceptance_rate is None:
         return alpha
-    rate = window.acceptance_rate
+    first = window.first_token_acceptance
+    rate = window.acceptance_rate if first is None else first
     high = min(1.0, rate + 2 * math.sqrt(max(rate * (1 - rate), 0.0) / window.drafts))
-    return alpha_from_acceptance(high, _depth(window, state))
+    return high if first is not None else alpha_from_acceptance(high, _depth(window, state))
 
 
 def _share(window: Window, state: SpeculationState, alpha: float | None) -> tuple[float, ...] | float | None:

@@ -20,6 +20,7 @@ RUNNING, WAITING, KV_USAGE = "vllm:num_requests_running", "vllm:num_requests_wai
 PROMPT_TOKENS, GENERATION_TOKENS = "vllm:prompt_tokens", "vllm:generation_tokens"
 DRAFTS, DRAFT_TOKENS = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 CF_DRAFT_TOKENS, CF_ACCEPTED_TOKENS = "specfleet:counterfactual_draft_tokens", "specfleet:counterfactual_accepted_tokens"
 SPEC_SEQ_STEPS = "specfleet:spec_decode_seq_steps"
 CF_SEQ_STEPS = "specfleet:counterfactual_seq_steps"
@@ -141,6 +142,7 @@ class Window:
     acceptance_rate: float | None = None             # accepted / drafted tokens while on
     mean_accepted_length: float | None = None        # 1 + accepted tokens per draft
     drafts: float | None = None                      # drafts verified in the window: the evidence behind both
+    first_token_acceptance: float | None = None      # share of drafts whose first token was accepted
     counterfactual_acceptance_rate: float | None = None
     draft_share: float | None = None                 # drafted tokens / (k x decoding sequence-steps) while on
     draft_shares: tuple[float, ...] | None = None    # by depth 1, 2, ...: fresh n-gram proposals, on or off
@@ -219,6 +221,7 @@ def build_window(prev: Mapping[str, Scrape], cur: Mapping[str, Scrape], expected
         acceptance_rate=accepted / drafts if drafts and accepted is not None else None,
         mean_accepted_length=1 + accepted / d.counter(DRAFTS) if d.counter(DRAFTS) and accepted is not None else None,
         drafts=d.counter(DRAFTS),
+        first_token_acceptance=_share(d.counter(series_key(ACCEPTED_PER_POS, {"position": "0"})), d.counter(DRAFTS)),
         counterfactual_acceptance_rate=cf_accepted / cf_drafts if cf_drafts and cf_accepted is not None else None,
         draft_share=_draft_share(drafts, d.counter(SPEC_SEQ_STEPS), _int(_gauge_max(now, SPEC_K))),
         draft_shares=_draft_shares(d),

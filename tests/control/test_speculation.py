@@ -163,6 +163,19 @@ def test_acceptance_just_below_the_floor_turns_speculation_off_only_on_enough_dr
     assert not d[0].enabled and d[0].reason == "LowAcceptance"
 
 
+def test_low_acceptance_is_judged_on_the_first_draft_token_where_the_engines_count_it(model, make_window):
+    """n-gram acceptance falls with the position: 0.15 of 4 drafted tokens reads as a per-token 0.38 under
+    the geometric model, below the floor, while the first token may be accepted 0.8 of the time."""
+    low = replace(make_window(rps=4.0, batch=8, acceptance=0.15, k=4), drafts=4000.0)
+    assert alpha_from_acceptance(0.15, 4) < POLICY.min_acceptance - POLICY.acceptance_hysteresis
+    d, _ = feed(model, [low], s.SpeculationState(True, 4, since=0.0))
+    assert not d[0].enabled and d[0].reason == "LowAcceptance"             # no per-position counts
+    d, _ = feed(model, [replace(low, first_token_acceptance=0.8)], s.SpeculationState(True, 4, since=0.0))
+    assert d[0].enabled and d[0].reason != "LowAcceptance"
+    d, _ = feed(model, [replace(low, first_token_acceptance=0.2)], s.SpeculationState(True, 4, since=0.0))
+    assert not d[0].enabled and d[0].reason == "LowAcceptance"
+
+
 def test_a_decision_says_what_speculation_gains_at_the_batch_it_saw(model, make_window):
     m = threshold_model(model)
     alpha = alpha_from_acceptance(0.6, 4)

@@ -132,6 +132,23 @@ specfleet:ngram_proposed_tokens_total{{depth="3",model_name="m"}} {d3}
 """
 
 
+FIRST_TOKEN = """\
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{{model_name="m"}} {drafts}
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="0"}} {first}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="1"}} {second}
+"""
+
+
+def test_the_first_draft_tokens_acceptance_is_accepted_first_positions_per_draft():
+    def at(t, **counts):
+        return parse_exposition(FIRST_TOKEN.format(**counts), t)
+    w = build_window({"a": at(0, drafts=10, first=5, second=2)}, {"a": at(10, drafts=110, first=85, second=40)}, 1)
+    assert w.first_token_acceptance == pytest.approx(0.8)
+    assert build_window({"a": scrape(0)}, {"a": scrape(10)}, 1).first_token_acceptance is None
+
+
 def test_the_draft_share_is_draft_tokens_per_k_sequence_steps_and_proposal_tokens_per_depth_on_or_off():
     def at(t, **counts):
         return parse_exposition(SPECULATION.format(**counts), t)

@@ -133,7 +133,8 @@ class Speculator:
     # ---- counterfactual acceptance while off -----------------------------------------------
     def observe(self, seq: Sequence, new_tokens: list[int]) -> None:
         """Score the standing n-gram guess against tokens produced without speculation, and count the
-        fresh proposal the next step would draft (the draft share, in the units speculating counts it)."""
+        fresh proposal the next step would draft: the draft share per token here, which the controller
+        converts to the share per step it would see speculating."""
         guess, matched = self._guess.pop(seq.request_id, ([], 0))
         self.stats.counterfactual_seq_steps += 1
         for token in new_tokens:

@@ -6,8 +6,8 @@ counterfactual n-gram acceptance while off (both converted from accepted/drafted
 per-token probability of the goodput model). So does the draft share, per depth: n-gram drafting
 finds a match for only some sequence-steps, often shorter than k, and only the drafted tokens verify
 (and gain) anything; the engines count fresh proposal lengths the same way on and off. The goodput
-model gives k*(batch, a) and maxBatchForSpeculation(a). Hysteresis on both thresholds: on -> off when the batch exceeds the
-threshold by `batch_hysteresis` or a falls `acceptance_hysteresis` below `minAcceptanceRate`;
+model gives k*(batch, a) and maxBatchForSpeculation(a). Hysteresis on both thresholds: on -> off when
+the batch exceeds the threshold by `batch_hysteresis` or a falls `acceptance_hysteresis` below `minAcceptanceRate`;
 off -> on only when both clear by the same margins; acceptance counts as low only when it is low by
 two standard errors of the window's drafts. A state is kept at least `dwell_s` (longer for
 the vLLM runtime, where a switch is a rolling restart). While off without counterfactual evidence it
@@ -171,11 +171,11 @@ def _share(window: Window, state: SpeculationState, alpha: float | None) -> tupl
     count them per step; off, per token, which `share_per_step` converts at the acceptance `alpha`
     (accepted drafts pass through the positions that have them in fewer steps). An engine without
     those counters gives the drafted share at its k while on, nothing while off."""
-    if window.draft_shares and (state.enabled or alpha is None):
+    if not window.draft_shares:
+        return window.draft_share if state.enabled else None
+    if state.enabled or alpha is None:
         return window.draft_shares
-    if window.draft_shares:
-        return tuple(share_per_step(s, alpha, k) for k, s in enumerate(window.draft_shares, start=1))
-    return window.draft_share if state.enabled else None
+    return tuple(share_per_step(s, alpha, k) for k, s in enumerate(window.draft_shares, start=1))
 
 
 def _pays(model: ServiceModel, batch: float, alpha: float, threshold: int) -> str:

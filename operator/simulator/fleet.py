@@ -5,8 +5,8 @@ controller's roofline), and drain.
 Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the profile's length at
 its current batch (a mixed step while it prefills). While it speculates at depth k, k x `share` tokens
 are drafted per sequence-step (n-gram drafting finds a match only for some, often shorter than k; the
-share is the one at the pod's depth), so a step computes 1 + share x k tokens per sequence: its sequences get dt / T(B, ctx, 1 + share x k)
-steps of 1 + share x (E[tokens | alpha, k] - 1) tokens each, and prompts share what the step's token
+share is the one at the pod's depth), so a step computes 1 + share x k tokens per sequence: its
+sequences get dt / T(B, ctx, 1 + share x k) steps of 1 + share x (E[tokens | alpha, k] - 1) tokens each, and prompts share what the step's token
 budget leaves after the running sequences' tokens and draft tokens to verify.
 The gateway (as `cluster/gateway.py`) hands each request on arrival to the ready pod with the fewest
 prompts waiting for prefill, then the fewest held (an endpoint picker that reads the engines' queue

@@ -8,9 +8,9 @@ requests gains ~6.6x throughput at almost no latency cost
 (https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on). We carry the 77% bandwidth efficiency
 over to the H100 SXM's HBM3 (3.35 TB/s) for the weights and KV streamed per step; the compute side
 (FLOP/s efficiency 0.6 of the dense bf16 peak) and the absence of a separate per-step overhead are
-assumptions, not measurements. Grid points of that roofline are fitted with the profile's
-T = a + b x tokens + c x tokens x context per step kind, as a measured profile would be, and the file
-carries `"derived": ...` so no one mistakes it for a measurement.
+assumptions, not measurements. Grid points of that roofline are fitted with the profile's cost function
+(`specfleet.engine.profile_model`: decode and verify together, prefill alone), as a measured profile
+would be, and the file carries `"derived": ...` so no one mistakes it for a measurement.
 """
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ def main() -> None:
     path = OUT / "llama-3.1-8b--nvidia-h100-80gb.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     for kind, f in data["fit"].items():
-        print(f"{kind:8s} a={f['a'] * 1e3:.2f} ms  b={f['b'] * 1e6:.2f} us/token  c={f['c'] * 1e9:.3f} ns/token/ctx "
-              f" rel. RMS {f['rel_rms_error']:.1%} over {f['num_points']} points")
+        print(f"{kind:8s} a={f['a'] * 1e3:.2f} ms  s={f['s'] * 1e6:.2f} us/seq  sc={f['sc'] * 1e9:.3f} ns/seq/ctx  "
+              f"b={f['b'] * 1e6:.2f} us/token  c={f['c'] * 1e9:.3f} ns/token/ctx  knee {f['knee']:g} (+{f['b2'] * 1e6:.2f} "
+              f"us/token past it)  rel. RMS {f['rel_rms_error']:.1%} over {f['num_points']} points")
     print(f"wrote {path}")
 
 

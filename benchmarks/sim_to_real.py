@@ -79,7 +79,7 @@ def scaled(profile: profile_model.Profile, decode: float, verify: float) -> prof
     """The profile with its decode and prefill fits times `decode` and its verify fit times `verify`: the
     step costs the real engines ran at, as the operator's online calibration measured them."""
     def times(fit: profile_model.StepFit, by: float) -> profile_model.StepFit:
-        return replace(fit, a=fit.a * by, b=fit.b * by, c=fit.c * by, s=fit.s * by, b2=fit.b2 * by)
+        return replace(fit, a=fit.a * by, b=fit.b * by, c=fit.c * by, s=fit.s * by, b2=fit.b2 * by, sc=fit.sc * by)
     fits = {kind: times(fit, verify if kind == "verify" else decode) for kind, fit in profile.fit.items()}
     return replace(profile, fit=fits)
 

@@ -3,17 +3,20 @@
 Pure (numpy only, no torch): the operator can load a profile written by `specfleet engine profile`
 (engine/profiler.py) without importing the engine. Per step kind (decode, verify, prefill) the fit is
 
-    T = a + s * batch + b * tokens + b2 * max(tokens - knee, 0) + c * tokens * context
+    T = a + (s + sc * context) * batch + b * tokens + b2 * max(tokens - knee, 0) + c * tokens * context
                                                               tokens: computed per step (batch * q)
 
-by least squares, with its relative RMS error on the points of its kind. Decode and verification are
-fitted together: they share the per-sequence cost s (host work per sequence: scheduling, sampling or
-verification, advancing it, its text), the per-token cost b and the attention cost c, and differ in
-their fixed cost a. A decode step alone cannot tell s from b (tokens = batch); the verification
-points, computing q tokens per sequence, can. The per-token cost may change at a knee (b2 != 0): on a
-CPU a step of few rows runs the few-row linear kernel and a larger one oneDNN's GEMM, whose cost per
-row differs; the knee is the measured token count that fits best, and none unless it fits visibly better.
-Prefill chunks (one sequence) are fitted alone, s = 0, no knee.
+by least squares on the relative error, which it reports as the relative RMS error on the points of its
+kind. Decode and verification are fitted together: they share the per-sequence cost s (host work per
+sequence: scheduling, sampling or verification, advancing it, its text), the per-token cost b and the
+attention costs, and differ in their fixed cost a. Attention costs c per query token per context token
+(computing the scores: what bounds it on a CPU) and sc per sequence per context token (reading the
+sequence's KV once, whatever its q: what bounds it where memory does, a GPU's decode). A decode step
+alone cannot tell s from b, or sc from c (tokens = batch); the verification points, computing q tokens
+per sequence, can. The per-token cost may change at a knee (b2 != 0): on a CPU a step of few rows runs
+the few-row linear kernel and a larger one oneDNN's GEMM, whose cost per row differs; the knee is the
+measured token count that fits best, and none unless it fits visibly better. Prefill chunks (one
+sequence) are fitted alone, s = sc = 0, no knee.
 """
 from __future__ import annotations
 
@@ -56,13 +59,14 @@ class StepFit:
     s: float = 0.0           # seconds per sequence, whatever its q
     knee: float = 0.0        # tokens per step past which each token costs b + b2
     b2: float = 0.0
+    sc: float = 0.0          # seconds per sequence per context token: its KV read once, whatever its q
 
     def seconds(self, batch: float, context: float, q: float) -> float:
         """q may be fractional: the mean tokens per sequence of a step where only some sequences draft."""
         tokens = batch * q
         past = np.maximum(tokens - self.knee, 0.0) if isinstance(tokens, np.ndarray) else max(tokens - self.knee, 0.0)
         bend = self.b2 * past if self.b2 else 0.0          # arrays (the simulator) stay arrays, floats floats
-        return self.a + self.s * batch + self.b * tokens + bend + self.c * tokens * context
+        return self.a + (self.s + self.sc * context) * batch + self.b * tokens + bend + self.c * tokens * context
 
     @property
     def b_past_knee(self) -> float:
@@ -131,12 +135,12 @@ def fit_steps(points: list[StepPoint]) -> StepFit:
         raise ValueError(f"a fit needs at least 3 points, got {len(points)}")
     tokens, context, measured = _columns(points)
     design = np.column_stack([np.ones_like(tokens), tokens, tokens * context])
-    coef, *_ = np.linalg.lstsq(design, measured, rcond=None)
+    coef = _relative_lstsq(design, measured)
     return StepFit(float(coef[0]), float(coef[1]), float(coef[2]), _error(design @ coef, measured), len(points))
 
 
 def fit_decode_and_verify(decode: list[StepPoint], verify: list[StepPoint]) -> dict[str, StepFit]:
-    """One least-squares fit over both kinds: shared s, b, c and knee; a fixed cost per kind. Each measured
+    """One least-squares fit over both kinds: shared s, sc, b, c and knee; a fixed cost per kind. Each measured
     token count with two others on either side is tried as the knee; the fit with the lowest relative
     RMS error over all points wins if it is MIN_KNEE_GAIN below the fit without a knee."""
     if len(decode) < 3 or len(verify) < 3:
@@ -157,12 +161,12 @@ def _joint_fit(decode: list[StepPoint], verify: list[StepPoint], knee: float | N
     batch = np.array([p.batch for p in points], dtype=float)
     is_verify = np.array([0.0] * len(decode) + [1.0] * len(verify))
     past_knee = np.maximum(tokens - knee, 0.0) if knee is not None else np.zeros_like(tokens)
-    design = np.column_stack([1 - is_verify, is_verify, batch, tokens, tokens * context, past_knee])
-    coef, *_ = np.linalg.lstsq(design, measured, rcond=None)
+    design = np.column_stack([1 - is_verify, is_verify, batch, tokens, tokens * context, past_knee, batch * context])
+    coef = _relative_lstsq(design, measured)
     predicted = design @ coef
     n = len(decode)
     shared = dict(b=float(coef[3]), c=float(coef[4]), s=float(coef[2]), knee=float(knee or 0.0),
-                  b2=float(coef[5]) if knee is not None else 0.0)
+                  b2=float(coef[5]) if knee is not None else 0.0, sc=float(coef[6]))
     return {"decode": StepFit(float(coef[0]), rel_rms_error=_error(predicted[:n], measured[:n]), num_points=n,
                               **shared),
             "verify": StepFit(float(coef[1]), rel_rms_error=_error(predicted[n:], measured[n:]),
@@ -173,6 +177,14 @@ def _columns(points: list[StepPoint]) -> tuple[np.ndarray, np.ndarray, np.ndarra
     tokens = np.array([p.computed for p in points], dtype=float)
     context = np.array([p.context for p in points], dtype=float)
     return tokens, context, np.array([p.median_s for p in points], dtype=float)
+
+
+def _relative_lstsq(design: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Coefficients that minimize the relative error the fit reports: each point's row divided by its
+    measured time. Plain least squares lets the slowest steps decide, and steps that cost a tenth of
+    them come out tens of percent off."""
+    coef, *_ = np.linalg.lstsq(design / measured[:, None], np.ones_like(measured), rcond=None)
+    return coef
 
 
 def _error(predicted: np.ndarray, measured: np.ndarray) -> float:

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -41,6 +42,22 @@ def test_fit_reports_its_relative_error_on_noisy_points():
     points = [StepPoint("decode", p.batch, p.context, 1, p.median_s * (1.1 if i % 2 else 0.9), 0.0, 1)
               for i, p in enumerate(synthetic("decode", 1))]
     assert 0.05 < fit_steps(points).rel_rms_error < 0.15
+
+
+def test_fit_minimizes_the_relative_error_it_reports_so_small_steps_are_priced_as_well_as_large_ones():
+    """A cost that bends (a roofline's memory-bound rows, then compute-bound) fitted by a straight line:
+    plain least squares lets the 50x slower steps decide, and the cheapest step comes out further off."""
+    points = [StepPoint("decode", batch, 512, 1, max(0.01, 0.0005 * batch), 0.0, 1)
+              for batch in (1, 2, 4, 8, 16, 32, 512, 1024)]
+    fit = fit_steps(points)
+    tokens = np.array([p.batch for p in points], dtype=float)
+    design = np.column_stack([np.ones_like(tokens), tokens, tokens * 512])
+    measured = np.array([p.median_s for p in points])
+    plain, *_ = np.linalg.lstsq(design, measured, rcond=None)
+    plain_error = float(np.sqrt(np.mean(((design @ plain - measured) / measured) ** 2)))
+    assert fit.rel_rms_error < 0.85 * plain_error
+    cheapest = points[0]
+    assert abs(fit.seconds(1, 512, 1) / cheapest.median_s - 1) < abs(design[0] @ plain / cheapest.median_s - 1) - 0.1
 
 
 def test_fit_needs_three_points():
@@ -129,6 +146,21 @@ def test_decode_and_verify_are_fitted_together_with_a_cost_per_sequence():
     assert (decode.a, verify.a) == (pytest.approx(A, rel=1e-6), pytest.approx(a_verify, rel=1e-6))
     assert decode.s == verify.s == pytest.approx(s, rel=1e-6) and decode.b == pytest.approx(B, rel=1e-6)
     assert verify.seconds(8, 256, 2.5) == pytest.approx(a_verify + s * 8 + (B + C * 256) * 20, rel=1e-6)
+
+
+def test_attention_that_reads_each_sequences_kv_once_is_told_from_attention_per_query_token():
+    """Where memory bounds attention (a GPU's decode), a verification of q tokens reads its KV once: the cost
+    grows with batch x context, not tokens x context, and the fit says so (sc, with c ~ 0)."""
+    sc = 4e-8
+
+    def point(kind: str, batch: int, ctx: int, q: int) -> StepPoint:
+        return StepPoint(kind, batch, ctx, q, A + B * batch * q + sc * batch * ctx, 0.0, 1, tokens=batch * q)
+    points = [point("decode", b, c, 1) for b in (1, 4, 16, 64) for c in (512, 2048)]
+    points += [point("verify", b, c, q) for b in (1, 4, 16, 64) for c in (512, 2048) for q in (3, 5)]
+    fits = fit_profile(points)
+    assert fits["verify"].sc == pytest.approx(sc, rel=1e-6) and abs(fits["verify"].c) < 1e-15
+    assert fits["verify"].rel_rms_error < 1e-9
+    assert fits["verify"].seconds(32, 1024, 5) == pytest.approx(A + B * 160 + sc * 32 * 1024, rel=1e-6)
 
 
 def test_a_knee_in_the_cost_per_token_is_found_where_it_is_and_not_where_there_is_none():

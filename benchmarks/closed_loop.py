@@ -511,13 +511,28 @@ def goodput_checks(runs: dict) -> dict:
         return {"ran": False, "why": "needs all three modes"}
     per_phase = {}
     for phase, auto in runs["auto"]["phases"].items():
-        best = max(runs["on"]["phases"][phase]["goodput_tok_s"], runs["off"]["phases"][phase]["goodput_tok_s"])
-        per_phase[phase] = {"auto": auto["goodput_tok_s"], "best_fixed": best,
-                            "ok": auto["goodput_tok_s"] >= best * (1 - GOODPUT_MARGIN)}
+        fixed = {m: runs[m]["phases"][phase]["goodput_tok_s"] for m in ("on", "off")}
+        best = max(fixed, key=fixed.get)
+        policy = auto_policy(runs["auto"]["spread"][phase])
+        per_phase[phase] = {"auto": auto["goodput_tok_s"], "best_fixed": fixed[best], "best_mode": best,
+                            "ok": auto["goodput_tok_s"] >= fixed[best] * (1 - GOODPUT_MARGIN),
+                            "auto_policy": policy,
+                            # auto held one fixed setting all phase, every repeat: its gap to that mode is
+                            # between two runs of one policy, the run-to-run noise, not a decision
+                            "gap_to_same_policy": (round(auto["goodput_tok_s"] / fixed[policy] - 1, 3)
+                                                   if policy in fixed else None),
+                            "chose_best_fixed": policy == best}
     overall = {m: runs[m]["overall"]["goodput_tok_s"] for m in MODES}
     return {"ran": True, "per_phase": per_phase, "overall": overall,
             "overall_ok": overall["auto"] > max(overall["on"], overall["off"]),
             "ok": all(p["ok"] for p in per_phase.values()) and overall["auto"] > max(overall["on"], overall["off"])}
+
+
+def auto_policy(spread: dict) -> str:
+    """"on" or "off" where speculation stayed in that state through a phase in every repeat, else "switched"
+    (k may still have moved: the on mode retunes k as auto does)."""
+    share = spread["speculation_on_share"]
+    return {(1.0, 1.0): "on", (0.0, 0.0): "off"}.get(tuple(share) if share else None, "switched")
 
 
 def median_run(repeats: list[dict]) -> dict:
@@ -536,6 +551,9 @@ def median_run(repeats: list[dict]) -> dict:
         phases[phase], spreads[phase] = fold([r["phases"][phase] for r in repeats])
     overall, spreads["overall"] = fold([r["overall"] for r in repeats])
     return {**first, "phases": phases, "overall": overall, "spread": spreads, "repeats": len(repeats),
+            "goodput_per_repeat": {**{phase: [r["phases"][phase]["goodput_tok_s"] for r in repeats]
+                                      for phase in first["phases"]},
+                                   "overall": [r["overall"]["goodput_tok_s"] for r in repeats]},
             "switches_per_repeat": [r["switches"] for r in repeats],
             "switch_checks_per_repeat": [r["switch_check"] for r in repeats]}
 
@@ -595,6 +613,13 @@ def print_report(result: dict) -> None:
     console.print(f"checks: {json.dumps(result['checks'])}")
 
 
+def recheck(path: Path) -> None:
+    result = json.loads(path.read_text())
+    result["checks"]["goodput"] = goodput_checks(result["runs"])
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print_report(result)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="shorten every phase by this factor")
@@ -607,7 +632,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8790)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--logs", type=Path, help="keep each run's `specfleet up` logs under this folder")
+    parser.add_argument("--recheck", type=Path, metavar="JSON",
+                        help="run nothing: judge an earlier run's results again with this script's checks, "
+                             "print them and write the file back")
     args = parser.parse_args()
+    if args.recheck:
+        return recheck(args.recheck)
     if args.scale <= 0 or args.repeats < 1:
         parser.error("--scale must be > 0 and --repeats >= 1")
     trace = SIM_TO_REAL.scaled(args.scale)

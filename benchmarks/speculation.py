@@ -253,6 +253,39 @@ def break_even_table(rows: list[dict], costs: dict, repeats: int) -> list[dict]:
     return out
 
 
+def speedup_by_batch(rows: list[dict], costs: dict) -> list[dict]:
+    """Per measured steady row: the speed-up (median and range over repeats) against each cost's price of
+    what speculation did in that row (tokens per sequence-step, tokens verified per sequence), so the
+    cost is judged where the break-even, a crossing of a curve near 1, is ill-conditioned."""
+    out = []
+    for r in rows:
+        if r["method"] != "ngram" or "seq_steps" not in r:
+            continue
+        gain, verify_q = drafting([r], 1)
+        entry = {"workload": r["workload"], "batch": r["batch"], "measured": statistics.median(r["speedups"]),
+                 "measured_range": [min(r["speedups"]), max(r["speedups"])]}
+        for name, cost in costs.items():
+            entry[f"predicted_{name}"] = gain * cost.step(r["batch"], r["context"], 1) / cost.step(
+                r["batch"], r["context"], verify_q)
+        out.append(entry)
+    return out
+
+
+def by_batch_summary(entries: list[dict], names: list[str]) -> dict:
+    """Per cost and workload: the share of batches whose priced speed-up lies in the measured range, and the
+    median relative error against the measured median."""
+    out = {}
+    for name in names:
+        for workload in sorted({e["workload"] for e in entries}):
+            mine = [e for e in entries if e["workload"] == workload]
+            priced = [e[f"predicted_{name}"] for e in mine]
+            out[f"{name}/{workload}"] = {
+                "in_range": sum(lo <= p <= hi for p, (lo, hi) in zip(priced, (e["measured_range"] for e in mine)))
+                / len(mine),
+                "median_abs_error": statistics.median(abs(p / e["measured"] - 1) for p, e in zip(priced, mine))}
+    return out
+
+
 def drafting(rows: list[dict], repeats: int) -> tuple[float, float]:
     """What speculation did per sequence per step, measured: tokens produced, and tokens verified (1 plus
     the drafts). n-gram drafts only where the context has a match, so on open-ended text most steps draft
@@ -371,25 +404,32 @@ def main() -> None:
                                and r["speedup"] < 1.0), None)
              for m in args.methods for w in ("copy-heavy", "open-ended")}
     console.print(f"batch size where speculation stops paying: {stops}")
-    costs = operator_costs(args.profile)
-    break_even = break_even_table(rows, costs, args.repeats)
-    names = [key.removeprefix("predicted_") for key in (break_even[0] if break_even else {}) if key.startswith("predicted_")]
-    Console(width=max(console.width, 170)).print(_break_even_rich(break_even, names, args))
+    predictions = predict(rows, operator_costs(args.profile), args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {**vars(args), "json": str(args.json)}, "rows": rows,
-                                                          "stops_paying_at_batch": stops,
-                                                          "break_even": break_even}, indent=2))
+                                     "stops_paying_at_batch": stops, **predictions}, indent=2))
+
+
+def predict(rows: list[dict], costs: dict, args) -> dict:
+    """The break-even table and the speed-up by batch of measured rows, priced by `costs`; printed."""
+    from rich.console import Console
+
+    break_even = break_even_table(rows, costs, args.repeats)
+    by_batch = speedup_by_batch(rows, costs)
+    names = [key.removeprefix("predicted_") for key in (break_even[0] if break_even else {}) if key.startswith("predicted_")]
+    console = Console(width=max(Console().width, 170))
+    console.print(_break_even_rich(break_even, names, args))
+    if by_batch:
+        console.print(_by_batch_rich(by_batch, list(costs), args))
+    return {"break_even": break_even, "speedup_by_batch": by_batch,
+            "speedup_by_batch_summary": by_batch_summary(by_batch, list(costs))}
 
 
 def predict_again(args) -> None:
-    from rich.console import Console
-
     earlier = json.loads(args.predict_from.read_text())
     ran = argparse.Namespace(**earlier["args"])
-    break_even = break_even_table(earlier["rows"], operator_costs(args.profile), ran.repeats)
-    names = [key.removeprefix("predicted_") for key in (break_even[0] if break_even else {}) if key.startswith("predicted_")]
-    Console(width=170).print(_break_even_rich(break_even, names, ran))
-    args.json.write_text(json.dumps({**earlier, "break_even": break_even,
+    predictions = predict(earlier["rows"], operator_costs(args.profile), ran)
+    args.json.write_text(json.dumps({**earlier, **predictions,
                                      "predicted_again": {"from": str(args.predict_from), "profile": args.profile}},
                                     indent=2))
 
@@ -409,6 +449,23 @@ def _break_even_rich(table_rows: list[dict], names: list[str], args):
                       *[f"{r[f'predicted_{n}']:.1f}" for n in names],
                       *[("-" if r[f"error_{n}"] is None else f"{r[f'error_{n}']:+.0%}")
                         + (" ok" if r[f"within_target_{n}"] else " miss") for n in names])
+    return table
+
+
+def _by_batch_rich(entries: list[dict], names: list[str], args):
+    from rich.table import Table
+
+    table = Table(title=f"Speed-up by batch, ngram k={args.k}: measured (median, range over {args.repeats} repeats) "
+                        "against each cost's price of what speculation did")
+    for col in ["workload", "batch", "measured", "range"] + [f"{n}" for n in names]:
+        table.add_column(col, justify="right")
+    for e in entries:
+        lo, hi = e["measured_range"]
+        table.add_row(e["workload"], str(e["batch"]), f"{e['measured']:.2f}", f"{lo:.2f}-{hi:.2f}",
+                      *[f"{e[f'predicted_{n}']:.2f}" + (" in" if lo <= e[f"predicted_{n}"] <= hi else "")
+                        for n in names])
+    table.caption = "  ".join(f"{key}: {v['in_range']:.0%} in range, median error {v['median_abs_error']:.0%}"
+                              for key, v in by_batch_summary(entries, names).items())
     return table
 
 

@@ -123,9 +123,9 @@ class ServiceModel:
     def mixed_step(self, batch: float) -> float:
         return self.cost.mixed(max(1, round(batch)), self.ctx, self.chunk)
 
-    def best_k(self, batch: float, alpha: float) -> int:
+    def best_k(self, batch: float, alpha: float, margin: float = 0.0) -> int:
         return pm.best_k_of(self.cost, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft,
-                            self.draft_share)
+                            self.draft_share, margin)
 
     def speedup(self, batch: float, alpha: float) -> tuple[float, int]:
         """Goodput speculating at the best depth over goodput without, at `batch` (below 1: it costs),
@@ -147,8 +147,9 @@ class ServiceModel:
             return replace(self, draft_share=max(0.05, round(share, 2)))
         return replace(self, draft_share=tuple(max(0.05, round(s, 2)) for s in share))
 
-    def max_batch_for_speculation(self, alpha: float) -> int:
-        return _mbs(self, round(alpha, 3))
+    def max_batch_for_speculation(self, alpha: float, margin: float = 0.0) -> int:
+        """The largest batch where speculation's goodput beats plain decoding's by `margin` (a share)."""
+        return _mbs(self, round(alpha, 3), round(margin, 3))
 
 
 @lru_cache(maxsize=4096)
@@ -191,9 +192,9 @@ def _replica_rps(m: ServiceModel, utilization: float, alpha: float, k: int, outp
 
 
 @lru_cache(maxsize=1024)
-def _mbs(m: ServiceModel, alpha: float) -> int:
+def _mbs(m: ServiceModel, alpha: float, margin: float) -> int:
     return pm.max_batch_for_speculation_of(m.cost, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft,
-                                           share=m.draft_share)
+                                           share=m.draft_share, margin=margin)
 
 
 def alpha_from_acceptance(rate: float, k: int) -> float:

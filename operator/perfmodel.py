@@ -236,10 +236,12 @@ def best_k(model: ModelShape, cal: Calibration, batch: int, ctx: int, alpha: flo
 
 
 def best_k_of(cost: StepCost, batch: int, ctx: int, alpha: float, max_k: int, draft: DraftTime = no_draft_cost,
-              share: Share = 1.0) -> int:
+              share: Share = 1.0, margin: float = 0.0) -> int:
+    """k* maximising goodput at `batch`; 0 unless it beats plain decoding by more than `margin` (a share
+    of the plain goodput; negative: speculation may cost up to that share)."""
     rates = goodputs_of(cost, batch, ctx, alpha, max_k, draft, share)
-    best = max(range(len(rates)), key=lambda k: (rates[k], -k))
-    return best if rates[best] > rates[0] * (1 + 1e-9) else 0
+    best = max(range(1, len(rates)), key=lambda k: (rates[k], -k), default=0)
+    return best if best and rates[best] > rates[0] * (1 + margin + 1e-9) else 0
 
 
 def max_batch_for_speculation(model: ModelShape, cal: Calibration, ctx: int, alpha: float,
@@ -249,8 +251,10 @@ def max_batch_for_speculation(model: ModelShape, cal: Calibration, ctx: int, alp
 
 
 def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: int, limit: int = 4096,
-                                 draft: DraftTime = no_draft_cost, share: Share = 1.0) -> int:
-    """The largest batch at which speculation pays (k* > 0), up to `limit`; 0 where it never does.
+                                 draft: DraftTime = no_draft_cost, share: Share = 1.0, margin: float = 0.0) -> int:
+    """The largest batch at which speculation pays (k* > 0), up to `limit`; 0 where it never does. With
+    a `margin`, the largest at which its goodput exceeds plain decoding's by that share (the edges of a
+    dead band around break-even: `control.speculation`).
 
     The speculative/plain goodput ratio falls with the batch (the verify pass turns compute bound), but
     not always monotonically: a measured cost with a knee (few-row kernels below it, `profile_model`)
@@ -259,7 +263,7 @@ def max_batch_for_speculation_of(cost: StepCost, ctx: int, alpha: float, max_k: 
     search that stopped at the first crossing reported 6 there. So the batches are scanned on a grid
     (each one up to 32, then 1/16 apart) and the last paying one is refined by bisection."""
     def pays(b: int) -> bool:
-        return best_k_of(cost, b, ctx, alpha, max_k, draft, share) > 0
+        return best_k_of(cost, b, ctx, alpha, max_k, draft, share, margin) > 0
 
     if max_k <= 0:
         return 0

@@ -6,10 +6,15 @@ counterfactual n-gram acceptance while off (both converted from accepted/drafted
 per-token probability of the goodput model). So does the draft share, per depth: n-gram drafting
 finds a match for only some sequence-steps, often shorter than k, and only the drafted tokens verify
 (and gain) anything; the engines count fresh proposal lengths the same way on and off. The goodput
-model gives k*(batch, a) and maxBatchForSpeculation(a). Hysteresis on both thresholds: on -> off when
-the batch exceeds the threshold by `batch_hysteresis` or a falls `acceptance_hysteresis` below `minAcceptanceRate`;
-off -> on only when both clear by the same margins; acceptance counts as low only when it is low by
-two standard errors of the window's drafts. A state is kept at least `dwell_s` (longer for
+model gives k*(batch, a) and the batch thresholds. A dead band around break-even, as wide as the cost's
+own error (`speedup_band`): on -> off only past the batch where the priced speed-up falls below
+1 - band, off -> on only below the batch where it exceeds 1 + band. Where the speed-up runs within a few
+percent of 1 over a wide range of batches (a CPU), a hysteresis in the batch alone does nothing: the
+threshold moves with every few percent of the price, and the state would follow the noise. On top,
+hysteresis on both thresholds: on -> off when the batch exceeds the band's edge by `batch_hysteresis`
+or a falls `acceptance_hysteresis` below `minAcceptanceRate`; off -> on only when both clear by the
+same margins; acceptance counts as low only when it is low by two standard errors of the window's
+drafts. A state is kept at least `dwell_s` (longer for
 the vLLM runtime, where a switch is a rolling restart). While off without counterfactual evidence it
 re-probes: on for one dwell every `reprobe_s`, if the batch allows.
 
@@ -37,6 +42,9 @@ from specfleet.operator.control.window import Window
 from specfleet.operator.perfmodel import share_per_step
 
 SPECFLEET_DWELL_S, VLLM_DWELL_S = 60.0, 600.0
+# The dead band's half-width when the policy does not fix one: the service cost's relative error
+# (`status.calibration.fitError`), within these bounds; the default where the cost states none.
+MIN_BAND, MAX_BAND, DEFAULT_BAND = 0.02, 0.10, 0.05
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class SpeculationPolicy:
     utilization: float = TARGET_UTILIZATION   # capacity as the autoscaler sizes it
     min_replicas: int = 1
     fixed_replicas: bool = False         # no autoscaler (spec.replicas): every serving replica stays
+    speedup_band: float | None = None    # dead band around a speed-up of 1; None: the cost's own error
 
     @classmethod
     def from_spec(cls, speculation, engine: str = "specfleet", autoscaling=None, fixed_replicas: bool = False,
@@ -178,12 +187,22 @@ def _share(window: Window, state: SpeculationState, alpha: float | None) -> tupl
     return tuple(share_per_step(s, alpha, k) for k, s in enumerate(window.draft_shares, start=1))
 
 
-def _pays(model: ServiceModel, batch: float, alpha: float, threshold: int) -> str:
-    """The threshold, with the speed-up the model prices at this batch: where that stays near 1 over a
-    wide range of batches (a CPU), a few percent in a step-cost scale move the threshold a long way."""
+def speedup_band(model: ServiceModel, policy: SpeculationPolicy) -> float:
+    """Half-width of the dead band around a speed-up of 1: a price within the cost's own error of 1 does
+    not say which state is better, so the state stays."""
+    if policy.speedup_band is not None:
+        return policy.speedup_band
+    error = model.calibration.fit_error
+    return min(MAX_BAND, max(MIN_BAND, DEFAULT_BAND if error is None else error))
+
+
+def _pays(model: ServiceModel, batch: float, alpha: float, threshold: int, edge: float) -> str:
+    """The threshold (the batch where the priced speed-up crosses `edge`, the dead band's edge), with the
+    speed-up the model prices at this batch: where that stays near 1 over a wide range of batches (a
+    CPU), a few percent in a step-cost scale move a plain break-even a long way."""
     gain, k = model.speedup(batch, alpha)
-    return (f"speculation pays up to batch {threshold} (x{gain:.2f} here at k={k}, draft share "
-            f"{model.share_at(k):.2f})")
+    return (f"speculation pays up to batch {threshold} at the dead band's edge x{edge:.2f} (x{gain:.2f} here "
+            f"at k={k}, draft share {model.share_at(k):.2f})")
 
 
 def _hold(state: SpeculationState, reason: str, message: str, alpha=None, threshold=None) -> SpeculationDecision:
@@ -208,8 +227,9 @@ def _forced_on(model, policy, state, batch, alpha, now):
 def _while_on(model, policy, state, batch, alpha, now, load=None, alpha_high=None):
     if alpha is None:
         return _hold(state, "MetricsUnavailable", "no drafted tokens in the window; holding"), state
-    threshold = model.max_batch_for_speculation(alpha)
-    seen = f"batch {batch:.1f}, acceptance {alpha:.2f}, {_pays(model, batch, alpha, threshold)}"
+    band = speedup_band(model, policy)
+    threshold = model.max_batch_for_speculation(alpha, -band)
+    seen = f"batch {batch:.1f}, acceptance {alpha:.2f}, {_pays(model, batch, alpha, threshold, 1 - band)}"
     dwelling = now - state.since < policy.dwell_s
     if (alpha if alpha_high is None else alpha_high) < policy.min_acceptance - policy.acceptance_hysteresis:
         if dwelling:
@@ -236,13 +256,14 @@ def _while_on(model, policy, state, batch, alpha, now, load=None, alpha_high=Non
     if best >= 1 and best != state.k and not dwelling:
         return _switch(state, True, best, "DepthRetuned", f"k {state.k} -> {best} maximises goodput; {seen}",
                        now, alpha, threshold)
-    return _hold(state, "Paying", seen, alpha, threshold), replace(state, probing=False)
+    reason = "Paying" if model.speedup(batch, alpha)[0] >= 1 else "WithinCostError"
+    return _hold(state, reason, seen, alpha, threshold), replace(state, probing=False)
 
 
 def _while_off(model, policy, state, batch, alpha, now, load=None):
     dwelling = now - state.since < policy.dwell_s
     if alpha is None:
-        threshold = model.max_batch_for_speculation(policy.min_acceptance)
+        threshold = model.max_batch_for_speculation(policy.min_acceptance, speedup_band(model, policy))
         due = now - state.since >= policy.reprobe_s
         k = affordable_k(model, policy, load, policy.min_acceptance,
                          max(1, min(model.best_k(batch, policy.min_acceptance) or 1, policy.max_k)),
@@ -252,11 +273,13 @@ def _while_off(model, policy, state, batch, alpha, now, load=None):
                            f"batch {batch:.1f}", now, None, threshold, probing=True)
         return _hold(state, "NoAcceptanceEvidence", f"off; batch {batch:.1f}; next probe after "
                      f"{policy.reprobe_s:g} s off", None, threshold), state
-    threshold = model.max_batch_for_speculation(alpha)
-    seen = f"batch {batch:.1f}, counterfactual acceptance {alpha:.2f}, {_pays(model, batch, alpha, threshold)}"
+    band = speedup_band(model, policy)
+    threshold = model.max_batch_for_speculation(alpha, band)
+    seen = (f"batch {batch:.1f}, counterfactual acceptance {alpha:.2f}, "
+            f"{_pays(model, batch, alpha, threshold, 1 + band)}")
     clears = (alpha >= policy.min_acceptance + policy.acceptance_hysteresis
               and batch < threshold * (1 - policy.batch_hysteresis))
-    k = min(model.best_k(batch, alpha), policy.max_k)
+    k = min(model.best_k(batch, alpha, band), policy.max_k)
     if not clears or k < 1:
         return _hold(state, "NotPaying", seen, alpha, threshold), state
     affordable = affordable_k(model, policy, load, alpha, k, policy.batch_hysteresis)

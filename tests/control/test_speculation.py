@@ -24,13 +24,19 @@ def threshold_model(model):
     return slow
 
 
+def band_edges(model, alpha: float, policy=POLICY) -> tuple[int, int]:
+    """The batches where the priced speed-up leaves the dead band: (back on below, off above)."""
+    band = s.speedup_band(model, policy)
+    return model.max_batch_for_speculation(alpha, band), model.max_batch_for_speculation(alpha, -band)
+
+
 def test_speculation_turns_off_past_the_batch_threshold_and_back_on_below_it_after_the_dwell(model, make_window):
     m = threshold_model(model)
-    mbs = m.max_batch_for_speculation(alpha_from_acceptance(0.6, 4))
-    assert 2 < mbs < 200
-    small = make_window(rps=0.01, batch=mbs * 0.5, acceptance=0.6, counterfactual=0.6, k=4)
-    big = make_window(rps=0.01, batch=mbs * 2.0, acceptance=0.6, counterfactual=0.6, k=4)
-    state = s.SpeculationState(True, m.best_k(mbs * 0.5, alpha_from_acceptance(0.6, 4)), since=0.0)
+    on_below, off_above = band_edges(m, alpha_from_acceptance(0.6, 4))
+    assert 2 < on_below < off_above < 200
+    small = make_window(rps=0.01, batch=on_below * 0.5, acceptance=0.6, counterfactual=0.6, k=4)
+    big = make_window(rps=0.01, batch=off_above * 2.0, acceptance=0.6, counterfactual=0.6, k=4)
+    state = s.SpeculationState(True, m.best_k(on_below * 0.5, alpha_from_acceptance(0.6, 4)), since=0.0)
     decisions, state = feed(m, [small, big], state)
     assert decisions[0].enabled and not decisions[1].enabled and decisions[1].reason == "BatchAboveThreshold"
     off_at = 1015.0
@@ -44,11 +50,41 @@ def test_speculation_turns_off_past_the_batch_threshold_and_back_on_below_it_aft
 
 def test_hysteresis_keeps_the_state_near_the_threshold(model, make_window):
     m = threshold_model(model)
-    mbs = m.max_batch_for_speculation(alpha_from_acceptance(0.6, 4))
-    near = [make_window(rps=0.01, batch=mbs * f, acceptance=0.6, counterfactual=0.6) for f in (1.05, 0.95, 1.1, 0.9)]
-    on, _ = feed(m, near, s.SpeculationState(True, 2, since=0.0))
-    off, _ = feed(m, near, s.SpeculationState(False, 2, since=0.0))
+    on_below, off_above = band_edges(m, alpha_from_acceptance(0.6, 4))
+
+    def near(edge):
+        return [make_window(rps=0.01, batch=edge * f, acceptance=0.6, counterfactual=0.6) for f in (1.05, 0.95, 1.1, 0.9)]
+    on, _ = feed(m, near(off_above), s.SpeculationState(True, 2, since=0.0))
+    off, _ = feed(m, near(on_below), s.SpeculationState(False, 2, since=0.0))
     assert all(d.enabled for d in on) and not any(d.enabled for d in off)
+
+
+def test_the_dead_band_keeps_either_state_where_the_price_is_within_the_costs_error(model, make_window):
+    """Past the plain break-even the speed-up runs a few percent under 1 for a long way (a CPU's flat
+    curve): a batch hysteresis alone switches there on every few percent of the price, the band not."""
+    m = threshold_model(model)
+    alpha = alpha_from_acceptance(0.6, 4)
+    band, plain = s.speedup_band(m, POLICY), m.max_batch_for_speculation(alpha)
+    costs_a_little = next(b for b in range(plain + 1, 200) if b > plain * (1 + POLICY.batch_hysteresis))
+    gains_a_little = next(b for b in range(plain, 0, -1) if b < plain * (1 - POLICY.batch_hysteresis))
+    assert 1 - band < m.speedup(costs_a_little, alpha)[0] < 1 < m.speedup(gains_a_little, alpha)[0] < 1 + band
+    no_band = replace(POLICY, speedup_band=0.0)
+    for batch, enabled, held in ((costs_a_little, True, "WithinCostError"), (gains_a_little, False, "NotPaying")):
+        window = make_window(rps=0.01, batch=batch, acceptance=0.6, counterfactual=0.6, k=4)
+        (kept,), _ = feed(m, [window], s.SpeculationState(enabled, 1, since=0.0))
+        (flipped,), _ = feed(m, [window], s.SpeculationState(enabled, 1, since=0.0), policy=no_band)
+        assert kept.enabled is enabled and not kept.changed and kept.reason == held
+        assert flipped.enabled is not enabled and flipped.changed
+        assert f"edge x{1 - band if enabled else 1 + band:.2f}" in kept.message
+
+
+def test_the_band_is_the_costs_own_error_within_bounds(model):
+    def band(error, **policy):
+        return s.speedup_band(replace(model, calibration=replace(model.calibration, fit_error=error)),
+                              replace(POLICY, **policy))
+    assert band(None) == s.DEFAULT_BAND and band(0.04) == 0.04
+    assert band(0.001) == s.MIN_BAND and band(0.6) == s.MAX_BAND
+    assert band(0.6, speedup_band=0.0) == 0.0
 
 
 def test_low_acceptance_turns_speculation_off(model, make_window):
@@ -179,11 +215,12 @@ def test_low_acceptance_is_judged_on_the_first_draft_token_where_the_engines_cou
 def test_a_decision_says_what_speculation_gains_at_the_batch_it_saw(model, make_window):
     m = threshold_model(model)
     alpha = alpha_from_acceptance(0.6, 4)
-    mbs = m.max_batch_for_speculation(alpha)
-    low, high = (make_window(rps=0.01, batch=b, acceptance=0.6, counterfactual=0.6, k=4) for b in (1, 2 * mbs))
+    _, off_above = band_edges(m, alpha)
+    low, high = (make_window(rps=0.01, batch=b, acceptance=0.6, counterfactual=0.6, k=4) for b in (1, 2 * off_above))
     (paying, costly), _ = feed(m, [low, high], s.SpeculationState(True, 4, since=0.0))
     gain = lambda d: float(d.message.split("(x")[1].split(" ")[0])          # noqa: E731
-    assert f"pays up to batch {mbs} (x" in paying.message and "draft share 1.00" in paying.message
+    assert f"pays up to batch {off_above} at the dead band's edge x0.95 (x" in paying.message
+    assert "draft share 1.00" in paying.message
     assert gain(paying) > 1.0 >= gain(costly) and costly.reason == "BatchAboveThreshold"
     assert gain(paying) == round(m.speedup(1, alpha)[0], 2)
 
@@ -195,11 +232,13 @@ def test_the_share_is_priced_at_each_depth_and_alike_on_and_off(model, make_wind
     m = threshold_model(model)
     shares = (0.45, 0.33, 0.27, 0.23)
     window = replace(make_window(rps=0.01, batch=2, acceptance=0.6, counterfactual=0.6, k=1), draft_shares=shares)
-    (on,), _ = feed(m, [window], s.SpeculationState(True, 1, since=0.0))
+    no_band = replace(POLICY, speedup_band=0.0)         # one threshold for both states
+    (on,), _ = feed(m, [window], s.SpeculationState(True, 1, since=0.0), policy=no_band)
     # Off, the engines propose after every token: the same text reads a larger share per token.
     per_token = tuple(pm.share_per_token(x, on.alpha, k) for k, x in enumerate(shares, start=1))
     assert all(t > x for t, x in zip(per_token, shares))
-    (off,), _ = feed(m, [replace(window, draft_shares=per_token)], s.SpeculationState(False, 1, since=0.0))
+    (off,), _ = feed(m, [replace(window, draft_shares=per_token)], s.SpeculationState(False, 1, since=0.0),
+                     policy=no_band)
     assert on.threshold == off.threshold == m.with_draft_share(shares).max_batch_for_speculation(on.alpha)
     gain, k = m.with_draft_share(shares).speedup(2, on.alpha)
     assert f"at k={k}, draft share {shares[k - 1]:.2f})" in on.message

@@ -148,15 +148,23 @@ def fit_error(cost: StepCost, steps: Sequence[ObservedStep], ctx: int) -> float 
 
 def refine(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int, blend: float) -> ProfileCost:
     """The profile with its per-kind scales moved `blend` of the way (in log space) toward the ratio of
-    observed to predicted step time, bounded to [1 / SCALE_BOUND, SCALE_BOUND]; kinds without evidence
-    keep their scale. Speculative steps are compared with the verify fit alone (`ProfileCost.verified`),
+    observed to predicted step time, bounded to [1 / SCALE_BOUND, SCALE_BOUND].
+
+    A window with steps of one kind only (speculation on, or off, throughout) says how much slower than
+    the profile the engine runs, not which kind is slower: the other kind's scale moves by the same
+    factor, and the two keep the ratio they last had when both were seen. Moving only the observed kind
+    made the state in force look dearer than the one out of it whenever the engines ran slower than the
+    profile (a busy host, a batch past the profile's points): off at a priced 0.90 with the verify scale
+    fresh, back on at 1.06 at a larger batch with the decode scale fresh, in the closed loop of
+    docs/control.md. Speculative steps are compared with the verify fit alone (`ProfileCost.verified`),
     not with the decode floor `step` may price them at: against the floor, the verify scale would move
     without changing any price, until it jumped past the floor (a threshold of 53 one interval, 5 the
-    next, in the closed loop of docs/control.md)."""
-    plain = [s for s in steps if s.q <= 1]
-    speculative = [s for s in steps if s.q > 1]
-    return replace(cost, decode_scale=_moved(cost.decode_scale, _ratio(cost, plain, ctx, cost.step), blend),
-                   verify_scale=_moved(cost.verify_scale, _ratio(cost, speculative, ctx, cost.verified), blend))
+    next)."""
+    plain = _ratio(cost, [s for s in steps if s.q <= 1], ctx, cost.step)
+    speculative = _ratio(cost, [s for s in steps if s.q > 1], ctx, cost.verified)
+    plain, speculative = (plain or speculative), (speculative or plain)
+    return replace(cost, decode_scale=_moved(cost.decode_scale, plain, blend),
+                   verify_scale=_moved(cost.verify_scale, speculative, blend))
 
 
 def _ratio(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int, base) -> float | None:

@@ -4,7 +4,8 @@
 at the window's depth and draft share: `recalibrate_from`) and moves the service model's cost toward them:
 
 - on a measured profile: each step kind's scale (plain, speculative) moves `BLEND` of the way toward
-  observed / predicted, within [1/5, 5] of the profile (`step_cost.refine`);
+  observed / predicted, within [1/5, 5] of the profile; a window with one kind only moves both alike
+  (`step_cost.refine`);
 - on the roofline: BW_eff / FLOPS_eff / t_fixed are refitted, blended with the previous fit and
   bounded to a sane range of the prior (`perfmodel.fit_calibration`).
 

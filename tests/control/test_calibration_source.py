@@ -45,10 +45,10 @@ def test_refinement_moves_the_profile_toward_observed_steps_and_reports_online()
     assert again.calibration.samples == 800 and again.calibration.fit_error < cal.fit_error
 
 
-def test_speculative_steps_refine_the_verify_cost_and_leave_decodes_alone():
+def test_speculative_steps_alone_move_both_costs_alike():
     _, model = cpu_service(cpu_catalog())
     refined = recalibrate(model, observed(model, 0.5, speculating=True, k=3), k=3)
-    assert refined.profile.decode_scale == 1.0 and refined.profile.verify_scale == pytest.approx(0.5 ** 0.5)
+    assert refined.profile.decode_scale == refined.profile.verify_scale == pytest.approx(0.5 ** 0.5)
 
 
 def test_speculative_steps_count_only_the_drafts_the_window_made():
@@ -92,10 +92,13 @@ def test_the_roofline_is_refitted_online_without_a_profile():
     assert refined.calibration.samples == 600 and refined.calibration.fit_error is not None
 
 
-def test_a_refined_profile_moves_the_speculation_threshold():
+def test_a_refined_profile_moves_the_speculation_threshold_when_one_kind_is_dearer_than_the_other():
     _, model = cpu_service(cpu_catalog())
-    slower_verify = recalibrate(model, observed(model, 2.0, speculating=True, k=1), k=1)
+    both = observed(model, 1.0) + observed(model, 2.0, speculating=True, k=1)
+    slower_verify = recalibrate(model, both, k=1)
     assert slower_verify.max_batch_for_speculation(0.6) < model.max_batch_for_speculation(0.6)
+    slower_engine = recalibrate(model, observed(model, 2.0, speculating=True, k=1), k=1)   # verify steps only
+    assert slower_engine.max_batch_for_speculation(0.6) == model.max_batch_for_speculation(0.6)
 
 
 def test_the_planned_status_carries_the_calibration_source():

@@ -122,7 +122,23 @@ def test_the_verify_scale_tracks_verify_steps_while_the_decode_floor_prices_them
     seen = [ObservedStep(8, 3, 0, 1.1 * cost.verified(8, 300, 3), 100)]
     for _ in range(30):
         cost = refine(cost, seen, 300, blend=0.5)
-    assert cost.verify_scale == pytest.approx(1.1, rel=1e-3) and cost.decode_scale == 1.0
+    assert cost.verify_scale == pytest.approx(1.1, rel=1e-3) and cost.decode_scale == pytest.approx(1.1, rel=1e-3)
+
+
+def test_a_window_of_one_kind_moves_both_scales_alike_and_keeps_their_ratio():
+    """Speculation on throughout a window shows only verify steps, off only decodes. Engines uniformly
+    slower than the profile: moving only the kind seen priced the state in force dearer than the other
+    one, on as well as off, which is how the controller went off and on again at one batch."""
+    cost = replace(cpu_cost(), decode_scale=1.0, verify_scale=1.25)      # the ratio last seen together
+    on = [ObservedStep(16, 2.5, 0, 1.4 * cost.verified(16, 300, 2.5), 100)]
+    off = [ObservedStep(16, 1, 0, 1.4 * cost.step(16, 300), 100)]
+    after_on, after_off = refine(cost, on, 300, blend=1.0), refine(cost, off, 300, blend=1.0)
+    assert after_on.decode_scale == pytest.approx(1.4) and after_on.verify_scale == pytest.approx(1.4 * 1.25)
+    assert after_off.decode_scale == pytest.approx(1.4) and after_off.verify_scale == pytest.approx(1.4 * 1.25)
+    speedup = lambda c: 2.0 * c.step(16, 300) / c.step(16, 300, 2.5)       # noqa: E731
+    assert speedup(after_on) == pytest.approx(speedup(after_off)) == pytest.approx(speedup(cost))
+    both = refine(cost, on + [ObservedStep(16, 1, 0, 1.1 * cost.step(16, 300), 100)], 300, blend=1.0)
+    assert both.decode_scale == pytest.approx(1.1) and both.verify_scale == pytest.approx(1.4 * 1.25)
 
 
 def test_without_a_verify_fit_a_verify_step_is_priced_by_the_decode_fit():

@@ -32,7 +32,10 @@ using specfleet_vec::v8f;
 
 constexpr int64_t TILE = 16;         // query tokens per work item
 constexpr int64_t KEYS = 16;         // keys per slab
-constexpr int R = 4;                 // rows computed together (8 independent accumulators hide FMA latency)
+constexpr int R = 6;                 // rows computed together: 12 accumulators hide FMA latency and fit AVX2's 16
+                                     // registers with the two key (or value) vectors and the broadcast; 4 rows ran
+                                     // 11-13% slower, 8 within 4% of 6 on AVX-512 and past AVX2's registers
+                                     // (benchmarks/prefill_kernel_rows.py)
 
 struct Shape {
   int64_t num_seqs, query_len, q_heads, kv_heads, head_dim, block_size, table_stride;

@@ -20,7 +20,9 @@ the engine's /admin/speculation said on. Switches come from `status.lastDecision
 Checks: auto's goodput >= max(on, off) - 3% in every phase and above both overall; in auto, speculation
 goes off (BatchAboveThreshold) within two control intervals of the batch crossing above the threshold
 the operator reports (its `SpeculationActive` message, x (1 + hysteresis)) and back on (SpeculationPays)
-within two intervals of it falling below threshold x (1 - hysteresis), one switch per crossing.
+within two intervals of it falling below threshold x (1 - hysteresis), one switch per crossing. The
+reported threshold is the edge of the controller's dead band in the priced speed-up (below 1 - band
+while on, above 1 + band while off), so a batch that stays inside the band crosses nothing.
 
     .venv/bin/python benchmarks/closed_loop.py                      # 3 x ~11 min; writes results/closed_loop.json
     .venv/bin/python benchmarks/closed_loop.py --scale 0.1 --modes auto --out /tmp/cl.json   # a quick check

@@ -33,7 +33,9 @@ def build(rows: int, folder: Path):
 
     def source(path: Path) -> str:
         text = path.read_text().replace('#include "vec_math.h"', header)
-        return re.sub(r"constexpr int R = \d+;", f"constexpr int R = {rows};", text) if path.name.startswith("prefill") else text
+        if not path.name.startswith("prefill"):
+            return text
+        return re.sub(r"constexpr int R = \d+;", f"constexpr int R = {rows};", text)
     sources = [p for p in attention.SOURCES if p.name in ("paged_attention.cpp", "prefill_attention.cpp")]
     build_dir = folder / f"rows{rows}"
     build_dir.mkdir()

@@ -53,7 +53,8 @@ def test_hysteresis_keeps_the_state_near_the_threshold(model, make_window):
     on_below, off_above = band_edges(m, alpha_from_acceptance(0.6, 4))
 
     def near(edge):
-        return [make_window(rps=0.01, batch=edge * f, acceptance=0.6, counterfactual=0.6) for f in (1.05, 0.95, 1.1, 0.9)]
+        return [make_window(rps=0.01, batch=edge * f, acceptance=0.6, counterfactual=0.6)
+                for f in (1.05, 0.95, 1.1, 0.9)]
     on, _ = feed(m, near(off_above), s.SpeculationState(True, 2, since=0.0))
     off, _ = feed(m, near(on_below), s.SpeculationState(False, 2, since=0.0))
     assert all(d.enabled for d in on) and not any(d.enabled for d in off)

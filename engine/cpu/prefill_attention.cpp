@@ -34,7 +34,7 @@ constexpr int64_t TILE = 16;         // query tokens per work item
 constexpr int64_t KEYS = 16;         // keys per slab
 constexpr int R = 6;                 // rows computed together: 12 accumulators hide FMA latency and fit AVX2's 16
                                      // registers with the two key (or value) vectors and the broadcast; 4 rows ran
-                                     // 11-13% slower, 8 within 4% of 6 on AVX-512 and past AVX2's registers
+                                     // 11-13% slower, 8 only 3-5% faster on AVX-512 and past AVX2's registers
                                      // (benchmarks/prefill_kernel_rows.py)
 
 struct Shape {

@@ -196,11 +196,10 @@ def speedup_band(model: ServiceModel, policy: SpeculationPolicy) -> float:
     return min(MAX_BAND, max(MIN_BAND, DEFAULT_BAND if error is None else error))
 
 
-def _pays(model: ServiceModel, batch: float, alpha: float, threshold: int, edge: float) -> str:
+def _pays(model: ServiceModel, gain: float, k: int, threshold: int, edge: float) -> str:
     """The threshold (the batch where the priced speed-up crosses `edge`, the dead band's edge), with the
-    speed-up the model prices at this batch: where that stays near 1 over a wide range of batches (a
-    CPU), a few percent in a step-cost scale move a plain break-even a long way."""
-    gain, k = model.speedup(batch, alpha)
+    speed-up `gain` the model prices at this batch at depth k: where that stays near 1 over a wide range
+    of batches (a CPU), a few percent in a step-cost scale move a plain break-even a long way."""
     return (f"speculation pays up to batch {threshold} at the dead band's edge x{edge:.2f} (x{gain:.2f} here "
             f"at k={k}, draft share {model.share_at(k):.2f})")
 
@@ -227,9 +226,9 @@ def _forced_on(model, policy, state, batch, alpha, now):
 def _while_on(model, policy, state, batch, alpha, now, load=None, alpha_high=None):
     if alpha is None:
         return _hold(state, "MetricsUnavailable", "no drafted tokens in the window; holding"), state
-    band = speedup_band(model, policy)
+    band, (gain, gain_k) = speedup_band(model, policy), model.speedup(batch, alpha)
     threshold = model.max_batch_for_speculation(alpha, -band)
-    seen = f"batch {batch:.1f}, acceptance {alpha:.2f}, {_pays(model, batch, alpha, threshold, 1 - band)}"
+    seen = f"batch {batch:.1f}, acceptance {alpha:.2f}, {_pays(model, gain, gain_k, threshold, 1 - band)}"
     dwelling = now - state.since < policy.dwell_s
     if (alpha if alpha_high is None else alpha_high) < policy.min_acceptance - policy.acceptance_hysteresis:
         if dwelling:
@@ -256,7 +255,7 @@ def _while_on(model, policy, state, batch, alpha, now, load=None, alpha_high=Non
     if best >= 1 and best != state.k and not dwelling:
         return _switch(state, True, best, "DepthRetuned", f"k {state.k} -> {best} maximises goodput; {seen}",
                        now, alpha, threshold)
-    reason = "Paying" if model.speedup(batch, alpha)[0] >= 1 else "WithinCostError"
+    reason = "Paying" if gain >= 1 else "WithinCostError"
     return _hold(state, reason, seen, alpha, threshold), replace(state, probing=False)
 
 
@@ -276,7 +275,7 @@ def _while_off(model, policy, state, batch, alpha, now, load=None):
     band = speedup_band(model, policy)
     threshold = model.max_batch_for_speculation(alpha, band)
     seen = (f"batch {batch:.1f}, counterfactual acceptance {alpha:.2f}, "
-            f"{_pays(model, batch, alpha, threshold, 1 + band)}")
+            f"{_pays(model, *model.speedup(batch, alpha), threshold, 1 + band)}")
     clears = (alpha >= policy.min_acceptance + policy.acceptance_hysteresis
               and batch < threshold * (1 - policy.batch_hysteresis))
     k = min(model.best_k(batch, alpha, band), policy.max_k)

@@ -44,16 +44,13 @@ def build(rows: int, folder: Path):
                        extra_cflags=attention.CFLAGS, extra_ldflags=["-fopenmp"]).paged_attention_prefill
 
 
-def measure(tokens: int, variants: list[int], rounds: int, block_size: int = 16) -> dict:
+def measure(tokens: int, variants: list[int], rounds: int) -> dict:
     import torch
 
-    from specfleet.engine.attention import build_metadata
+    from prefill_parts import layer_inputs      # benchmarks/prefill_parts.py: the same layer's inputs
 
-    blocks = -(-tokens // block_size)
-    group = build_metadata([tokens], [tokens], [list(range(1, blocks + 1))], block_size, "cpu").groups[0]
     torch.manual_seed(0)
-    k_cache, v_cache = torch.randn(blocks + 1, block_size, 3, 64), torch.randn(blocks + 1, block_size, 3, 64)
-    q = torch.randn(tokens, 9, 64)
+    q, k_cache, v_cache, group = layer_inputs(tokens)
     with tempfile.TemporaryDirectory() as folder:
         kernels = {r: build(r, Path(folder)) for r in variants}
 

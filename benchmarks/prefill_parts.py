@@ -94,17 +94,25 @@ def attention(tokens: int) -> dict:
             "kernel_ms_per_layer": kernel, "prefill_kernel_ms": LAYERS * kernel}
 
 
-def kernel_attention(tokens: int, block_size: int = 16) -> float:
-    """The engine's prefill attention kernel over a paged cache holding the prompt's K/V."""
+def layer_inputs(tokens: int, block_size: int = 16) -> tuple:
+    """One SmolLM2 layer's prefill attention inputs: (q, k_cache, v_cache, the attention group), random
+    K/V of `tokens` tokens in a paged cache."""
     import torch
 
     from specfleet.engine.attention import build_metadata
-    from specfleet.engine.cpu.attention import load_kernel
 
     blocks = -(-tokens // block_size)
     group = build_metadata([tokens], [tokens], [list(range(1, blocks + 1))], block_size, "cpu").groups[0]
     k_cache, v_cache = torch.randn(blocks + 1, block_size, 3, 64), torch.randn(blocks + 1, block_size, 3, 64)
-    q, prefill = torch.randn(tokens, 9, 64), load_kernel().paged_attention_prefill
+    return torch.randn(tokens, 9, 64), k_cache, v_cache, group
+
+
+def kernel_attention(tokens: int) -> float:
+    """The engine's prefill attention kernel over a paged cache holding the prompt's K/V."""
+    from specfleet.engine.cpu.attention import load_kernel
+
+    q, k_cache, v_cache, group = layer_inputs(tokens)
+    prefill = load_kernel().paged_attention_prefill
     return median_ms(lambda: prefill(q, k_cache, v_cache, group.block_tables, group.context_lens, tokens, 0.125), 50)
 
 

@@ -14,13 +14,17 @@ whose TTFT meets the CR's ttftP99Ms and whose mean time per output token meets i
 own SLO-met rule), TTFT p50/p99 (client side, through the gateway), ITL p50/p99 (the engine's
 `vllm:inter_token_latency_seconds` histogram over the phase, interpolated within buckets as
 histogram_quantile does, since a speculative step streams several tokens in one chunk), client-side TPOT
-p50/p99, mean batch (`specfleet:batch_size` over the phase), and the share of samples (1 s apart) in which
-the engine's /admin/speculation said on. Switches come from `status.lastDecisions` and the Events.
+p50/p99, mean batch (`specfleet:batch_size` over the phase), the share of samples (1 s apart) in which
+the engine's /admin/speculation said on, and while on the draft tokens per sequence-step and the share
+of them accepted. Switches come from `status.lastDecisions` and the Events.
 
 Checks: auto's goodput >= max(on, off) - 3% in every phase and above both overall; in auto, speculation
 goes off (BatchAboveThreshold) within two control intervals of the batch crossing above the threshold
 the operator reports (its `SpeculationActive` message, x (1 + hysteresis)) and back on (SpeculationPays)
-within two intervals of it falling below threshold x (1 - hysteresis), one switch per crossing. The
+within two intervals of it falling below threshold x (1 - hysteresis), one switch per crossing. Only a
+crossing away from the state in force is due a switch: one into the state already held (above the
+threshold when already off) or below it while off for low acceptance is not, and passes unless a switch
+against it follows. Each repeat's verdict is ok, failed, or "not exercised" (no crossing was due). The
 reported threshold is the edge of the controller's dead band in the priced speed-up (below 1 - band
 while on, above 1 + band while off), so a batch that stays inside the band crosses nothing.
 
@@ -66,6 +70,7 @@ OUT = Path(__file__).parent / "results" / "closed_loop.json"
 MODES = ("auto", "on", "off")
 PROMPTS = {"copy-heavy": COPY_TASKS, "open-ended": OPEN_TASKS}
 OFF_REASONS, ON_REASONS = ("BatchAboveThreshold",), ("SpeculationPays",)
+ACCEPTANCE_REASONS = ("LowAcceptance",)
 HYSTERESIS = SpeculationPolicy().batch_hysteresis
 GOODPUT_MARGIN = 0.03
 
@@ -274,7 +279,9 @@ class Sample:
 
 
 SERIES = ("specfleet:batch_size_sum", "specfleet:batch_size_count", "vllm:generation_tokens_total",
-          "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+          "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+          "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+          "specfleet:spec_decode_seq_steps_total")
 
 
 def scrape(url: str) -> tuple[dict[str, float], list[tuple[float, float]]]:
@@ -388,6 +395,11 @@ def span_figures(requests: list[Request], samples: list[Sample], start: float, e
             "prefix_hit_share": _ratio(delta(pair, "vllm:prefix_cache_hits_total"),
                                        delta(pair, "vllm:prefix_cache_queries_total")),
             "speculation_on_share": round(sum(states) / len(states), 3) if states else None,
+            # what a speculating sequence-step drafted and what of it was accepted: the replay's inputs
+            "draft_tokens_per_seq_step": _ratio(delta(pair, "vllm:spec_decode_num_draft_tokens_total"),
+                                                delta(pair, "specfleet:spec_decode_seq_steps_total")),
+            "acceptance": _ratio(delta(pair, "vllm:spec_decode_num_accepted_tokens_total"),
+                                 delta(pair, "vllm:spec_decode_num_draft_tokens_total")),
             "decode_scale": median([d for d, _ in scales]), "verify_scale": median([v for _, v in scales]),
             "requests": len(ended), "failed": sum(1 for r in requests if start <= r.end < end and r.error)}
 
@@ -456,25 +468,69 @@ def crossings(series: list[tuple], hysteresis: float = HYSTERESIS) -> list[dict]
     return out
 
 
-def switch_checks(crossed: list[dict], switched: list[dict], interval_s: float) -> dict:
-    """Each crossing answered by one on/off switch in its direction within two intervals, and no other
-    on/off switch (depth changes while on, `DepthRetuned`, are counted apart)."""
+def held_states(switched: list[dict], initially_on: bool = True) -> list[tuple[float, bool, str | None]]:
+    """[(from t, enabled, the reason it was set for)], the state's history from the switches. A depth retune
+    happens only while on, so a run whose first switch is one started on; otherwise it started in the state
+    its first on/off switch left (`initially_on` where nothing switched)."""
+    first = switched[0] if switched else None
+    start = initially_on if first is None else (first["reason"] == "DepthRetuned" or not first["enabled"])
+    states = [(float("-inf"), start, None)]
+    for s in switched:
+        if s["reason"] != "DepthRetuned" and s["enabled"] != states[-1][1]:
+            states.append((s["t"], s["enabled"], s["reason"]))
+    return states
+
+
+def state_at(states: list[tuple[float, bool, str | None]], t: float) -> tuple[bool, str | None]:
+    return next((on, why) for since, on, why in reversed(states) if since <= t)
+
+
+def switch_checks(crossed: list[dict], switched: list[dict], interval_s: float, initially_on: bool = True) -> dict:
+    """Judges the batch-driven switches against the crossings of the reported threshold.
+
+    A crossing is *due* a switch when it points away from the state in force (above the threshold while
+    on, below it while off) and that state is not held for low acceptance, which the batch does not
+    govern. A due crossing is answered by one on/off switch in its direction, for the batch's reason,
+    within two intervals, and no other on/off switch before the next crossing. A crossing that is not due
+    (into the state already held, or below the threshold while off for low acceptance) passes unless a
+    switch against its direction follows it before the next crossing. A batch-reason switch before the
+    first crossing answers nothing: flapping. `verdict` is "ok", "failed", or "not exercised" (nothing
+    failed and no crossing was due, so the batch direction went untested). Depth retunes while on are
+    counted apart; low-acceptance switches are reported, not judged."""
     retuned = [s for s in switched if s["reason"] == "DepthRetuned"]
+    states = held_states(switched, initially_on)
     switched = [s for s in switched if s["reason"] != "DepthRetuned"]
     bounds = [c["t"] for c in crossed[1:]] + [float("inf")]
     matched = []
     for c, until in zip(crossed, bounds):
-        mine = [s for s in switched if c["t"] - interval_s <= s["t"] < until]
+        held, why = state_at(states, c["t"] - interval_s)
+        due = held != c["enabled"] and why not in ACCEPTANCE_REASONS
+        mine = [s for s in switched if c["t"] - interval_s <= s["t"] < until and s["reason"] not in ACCEPTANCE_REASONS]
         right = [s for s in mine if s["enabled"] == c["enabled"]]
         lag = round(right[0]["t"] - c["t"], 1) if right else None
-        matched.append({**c, "switches": len(mine), "lag_s": lag,
-                        "ok": len(mine) == 1 and lag is not None and lag <= 2 * interval_s
-                        and right[0]["reason"] in (ON_REASONS if c["enabled"] else OFF_REASONS)})
+        if due:
+            ok = (len(mine) == 1 and lag is not None and lag <= 2 * interval_s
+                  and right[0]["reason"] in (ON_REASONS if c["enabled"] else OFF_REASONS))
+        else:
+            ok = all(s["enabled"] == c["enabled"] for s in mine)
+        matched.append({**c, "due": due, "held": "on" if held else "off", "held_for": why, "switches": len(mine),
+                        "lag_s": lag, "ok": ok})
     first = crossed[0]["t"] - interval_s if crossed else float("inf")
-    early = [s for s in switched if s["t"] < first]
-    return {"crossings": matched, "switches_before_first_crossing": len(early), "depth_retunes": len(retuned),
-            "low_acceptance_switches": sum(s["reason"] == "LowAcceptance" for s in switched),
-            "ok": bool(crossed) and all(m["ok"] for m in matched) and not early}
+    unprompted = [s for s in switched if s["t"] < first and s["reason"] in ON_REASONS + OFF_REASONS]
+    failed = bool(unprompted) or not all(m["ok"] for m in matched)
+    due = sum(m["due"] for m in matched)
+    verdict = "failed" if failed else "ok" if due else "not exercised"
+    return {"crossings": matched, "due_crossings": due, "unprompted_switches": len(unprompted),
+            "depth_retunes": len(retuned),
+            "low_acceptance_switches": sum(s["reason"] in ACCEPTANCE_REASONS for s in switched),
+            "verdict": verdict, "ok": verdict == "ok"}
+
+
+def switch_summary(checks: list[dict]) -> dict:
+    verdicts = [c["verdict"] for c in checks]
+    return {"ok": bool(verdicts) and all(v == "ok" for v in verdicts),
+            "verdicts": {v: verdicts.count(v) for v in ("ok", "not exercised", "failed") if v in verdicts},
+            "low_acceptance_switches": sum(c["low_acceptance_switches"] for c in checks)}
 
 
 # -- one run, all runs -----------------------------------------------------------------------------------------
@@ -504,7 +560,12 @@ def run_mode(mode: str, settings: Settings, progress=None) -> dict:
             "batch_series": [[round(t, 1), round(b, 2), th, why] for t, b, th, why in series],
             "requests": {"sent": len(requests), "failed": sum(1 for r in requests if r.error),
                          "errors": sorted({r.error for r in requests if r.error})[:3]},
-            "switch_check": switch_checks(crossed, switched, settings.interval_s) if mode == "auto" else None}
+            "switch_check": switch_checks(crossed, switched, settings.interval_s, initially_on(samples))
+            if mode == "auto" else None}
+
+
+def initially_on(samples: list[Sample]) -> bool:
+    return next((s.speculating for s in samples if s.speculating is not None), True)
 
 
 def goodput_checks(runs: dict) -> dict:
@@ -572,9 +633,7 @@ def run_all(settings: Settings) -> dict:
     merged = {m: median_run(r) for m, r in runs.items()}
     checks = {"goodput": goodput_checks(merged)}
     if "auto" in merged:
-        checks["switches"] = {"ok": all(c["ok"] for c in merged["auto"]["switch_checks_per_repeat"]),
-                              "low_acceptance_switches": sum(c["low_acceptance_switches"]
-                                                             for c in merged["auto"]["switch_checks_per_repeat"])}
+        checks["switches"] = switch_summary(merged["auto"]["switch_checks_per_repeat"])
     return {"config": config(settings), "runs": merged, "checks": checks}
 
 
@@ -618,6 +677,15 @@ def print_report(result: dict) -> None:
 def recheck(path: Path) -> None:
     result = json.loads(path.read_text())
     result["checks"]["goodput"] = goodput_checks(result["runs"])
+    auto = result["runs"].get("auto")
+    if auto:
+        interval = result["config"]["control_interval_s"]
+        auto["switch_checks_per_repeat"] = [
+            switch_checks([{k: c[k] for k in ("t", "enabled", "batch", "threshold")} for c in check["crossings"]],
+                          switched, interval)
+            for check, switched in zip(auto["switch_checks_per_repeat"], auto["switches_per_repeat"])]
+        auto["switch_check"] = auto["switch_checks_per_repeat"][0]
+        result["checks"]["switches"] = switch_summary(auto["switch_checks_per_repeat"])
     path.write_text(json.dumps(result, indent=2) + "\n")
     print_report(result)
 

@@ -1,5 +1,6 @@
-"""How the benchmarks judge their runs: the closed loop says which fixed policy auto held per phase, and the
-speculation benchmark prices each measured row's speed-up with a cost (no engine, no server)."""
+"""How the benchmarks judge their runs: the closed loop says which fixed policy auto held per phase and
+which threshold crossings were due a switch, and the speculation benchmark prices each measured row's
+speed-up with a cost (no engine, no server)."""
 from __future__ import annotations
 
 import sys
@@ -29,6 +30,57 @@ def test_a_phase_where_auto_held_on_is_judged_against_on_as_two_runs_of_one_poli
     assert ramp["gap_to_same_policy"] == pytest.approx(-0.1)
     assert open_ended["auto_policy"] == "switched" and open_ended["gap_to_same_policy"] is None
     assert not open_ended["chose_best_fixed"] and open_ended["best_mode"] == "on"
+
+
+def crossing(t: float, enabled: bool, threshold: int = 16) -> dict:
+    return {"t": t, "enabled": enabled, "batch": threshold * (0.9 if enabled else 1.1), "threshold": threshold}
+
+
+def switch(t: float, enabled: bool, reason: str, k: int | None = 2) -> dict:
+    return {"t": t, "enabled": enabled, "k": k if enabled else None, "reason": reason}
+
+
+INTERVAL = 5.0
+
+
+def test_crossings_answered_once_within_two_intervals_pass_and_a_second_switch_is_flapping():
+    crossed = [crossing(20.0, False), crossing(60.0, True)]
+    answered = [switch(24.0, False, "BatchAboveThreshold"), switch(63.0, True, "SpeculationPays")]
+    check = closed_loop.switch_checks(crossed, answered, INTERVAL)
+    assert check["verdict"] == "ok" and check["due_crossings"] == 2
+    flapped = answered[:1] + [switch(40.0, True, "SpeculationPays")] + answered[1:]
+    check = closed_loop.switch_checks(crossed, flapped, INTERVAL)
+    assert check["verdict"] == "failed" and [c["ok"] for c in check["crossings"]] == [False, True]
+    late = [switch(35.0, False, "BatchAboveThreshold"), answered[1]]
+    assert closed_loop.switch_checks(crossed, late, INTERVAL)["crossings"][0]["lag_s"] == 15.0
+    assert closed_loop.switch_checks(crossed, late, INTERVAL)["verdict"] == "failed"
+
+
+def test_a_batch_switch_before_any_crossing_fails_and_a_run_without_crossings_is_not_exercised():
+    assert closed_loop.switch_checks([], [switch(10.0, False, "BatchAboveThreshold")], INTERVAL)["verdict"] == "failed"
+    retunes_only = [switch(10.0, True, "DepthRetuned", 3), switch(30.0, True, "DepthRetuned", 1)]
+    check = closed_loop.switch_checks([], retunes_only, INTERVAL)
+    assert check["verdict"] == "not exercised" and not check["ok"] and check["depth_retunes"] == 2
+
+
+def test_crossings_into_a_state_held_for_low_acceptance_are_due_nothing():
+    # off for low acceptance, the threshold falls to 0 (speculation never pays): the batch is now "above"
+    # it, but speculation is already off; later the threshold rises above the batch while still off for
+    # low acceptance, which the batch does not govern
+    switched = [switch(10.0, True, "DepthRetuned", 1), switch(85.0, False, "LowAcceptance")]
+    crossed = [crossing(91.0, False, threshold=0), crossing(106.0, True, threshold=17)]
+    check = closed_loop.switch_checks(crossed, switched, INTERVAL)
+    assert [(c["due"], c["held"], c["held_for"]) for c in check["crossings"]] == [
+        (False, "off", "LowAcceptance"), (False, "off", "LowAcceptance")]
+    assert check["verdict"] == "not exercised" and check["low_acceptance_switches"] == 1
+    turned_on = switched + [switch(95.0, True, "SpeculationPays")]     # on while the batch is above: wrong
+    assert closed_loop.switch_checks(crossed, turned_on, INTERVAL)["crossings"][0]["ok"] is False
+
+
+def test_the_state_before_the_first_switch_is_read_from_it():
+    assert closed_loop.held_states([switch(5.0, True, "SpeculationPays")])[0][1] is False
+    assert closed_loop.held_states([switch(5.0, False, "BatchAboveThreshold")])[0][1] is True
+    assert closed_loop.held_states([], initially_on=False)[0][1] is False
 
 
 class LinearCost:

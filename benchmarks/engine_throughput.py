@@ -7,7 +7,8 @@ fresh engine; vLLM's start-up excluded); the table gives the median output token
 and specfleet / engine ratios of the medians. Writes benchmarks/results/engine_throughput.json.
 vLLM runs only where its CPU build is installed in its own venv (see docs/benchmarks.md):
     python benchmarks/engine_throughput.py [--repeats 3] [--vllm-python /tmp/vllm-peer/bin/python] [--model smollm2-135m]
-`--model` runs the same workload on a model folder or the built-in real SmolLM2-135M instead (token ids
+`--output-len 1` with `--min-len 256 --max-len 256` times prefill alone (each request's one token is its
+prefill's). `--model` runs the same workload on a model folder or the built-in real SmolLM2-135M instead (token ids
 drawn from its vocabulary) and writes engine_throughput_<name>.json.
 """
 from __future__ import annotations
@@ -28,10 +29,13 @@ MODEL_SHAPE = dict(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8, 
                    intermediate_size=1408, max_position_embeddings=1024)
 
 
-def workload(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+def workload(n: int, lo: int, hi: int, vocab: int, seed: int = 0,
+             output_len: int | None = None) -> list[tuple[list[int], int]]:
     gen = torch.Generator().manual_seed(seed)
     prompt_lens = torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
     output_lens = torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
+    if output_len is not None:
+        output_lens = [output_len] * n
     return [(torch.randint(10, vocab, (p,), generator=gen).tolist(), o) for p, o in zip(prompt_lens, output_lens)]
 
 
@@ -134,6 +138,9 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--min-len", type=int, default=16)
     parser.add_argument("--max-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=None,
+                        help="every request's output length instead of one drawn like the prompt's (1: prefill only)")
+    parser.add_argument("--json", type=Path, default=None, help="default: results/engine_throughput[_<model>].json")
     parser.add_argument("--vllm-python", default="/tmp/vllm-peer/bin/python")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
@@ -149,7 +156,7 @@ def main() -> None:
 
     console = Console()
     model, vocab_size, out_name = _model(args.model)
-    work = workload(args.num_requests, args.min_len, args.max_len, vocab_size)
+    work = workload(args.num_requests, args.min_len, args.max_len, vocab_size, output_len=args.output_len)
     engines = {"specfleet": lambda: run_specfleet(model, work)}
     if not args.skip_transformers:
         engines["transformers_static16"] = lambda: run_transformers(model, work)
@@ -162,6 +169,8 @@ def main() -> None:
             if result is not None:
                 runs[name].append(result)
     rates = {name: [r["tok_per_s"] for r in rs] for name, rs in runs.items() if rs}
+    prompt_tokens = sum(len(p) for p, _ in work)
+    prompt_rates = {name: [prompt_tokens / r["seconds"] for r in rs] for name, rs in runs.items() if rs}
     ours = statistics.median(rates["specfleet"])
     table = Table(title=f"{args.num_requests} requests, lengths {args.min_len}-{args.max_len}, greedy, fp32, "
                         f"{torch.get_num_threads()} threads, {args.repeats} alternating repeats")
@@ -172,16 +181,19 @@ def main() -> None:
             table.add_row(name, "not installed", "-")
             continue
         r = rates[name]
-        table.add_row(name, f"{statistics.median(r):.0f} ({min(r):.0f}-{max(r):.0f})",
+        table.add_row(name, f"{statistics.median(r):.1f} ({min(r):.1f}-{max(r):.1f})",
                       f"{ours / statistics.median(r):.2f}x")
     console.print(table)
     waste = statistics.median(r["kv_waste"] for r in runs["specfleet"])
+    console.print("prompt tok/s, median: " + ", ".join(
+        f"{name} {statistics.median(r):.0f} ({min(r):.0f}-{max(r):.0f})" for name, r in prompt_rates.items()))
     console.print(f"KV waste (allocated but unused slots), median: {waste:.2%}")
-    summary = {"model": args.model or MODEL_SHAPE, "workload": vars(args), "runs": runs,
+    summary = {"model": args.model or MODEL_SHAPE, "workload": {**vars(args), "json": str(args.json)}, "runs": runs,
                "median_tok_per_s": {name: statistics.median(r) for name, r in rates.items()},
+               "median_prompt_tok_per_s": {name: statistics.median(r) for name, r in prompt_rates.items()},
                "ratios": {name: ours / statistics.median(r) for name, r in rates.items() if name != "specfleet"}}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / out_name).write_text(json.dumps(summary, indent=2))
+    (args.json or RESULTS / out_name).write_text(json.dumps(summary, indent=2))
 
 
 def _model(name: str | None) -> tuple[str, int, str]:

@@ -3,11 +3,17 @@ times of an engine profile (`truth.ProfileTruth`: measured, or derived and label
 controller's roofline), and drain.
 
 Time advances in ticks of `dt` seconds; inside a tick each pod runs steps of the profile's length at
-its current batch (a mixed step while it prefills). While it speculates at depth k, k x `share` tokens
+its current batch (a mixed step while it prefills), times a draw of the profile's own step-to-step
+spread (`ProfileTruth.step_sigma`, lognormal with mean 1, from a stream of its own so that arrivals
+stay the same). While it speculates at depth k, k x `share` tokens
 are drafted per sequence-step (n-gram drafting finds a match only for some, often shorter than k; the
 share is the one at the pod's depth), so a step computes 1 + share x k tokens per sequence: its
 sequences get dt / T(B, ctx, 1 + share x k) steps of 1 + share x (E[tokens | alpha, k] - 1) tokens each, and prompts share what the step's token
-budget leaves after the running sequences' tokens and draft tokens to verify.
+budget leaves after the running sequences' tokens and draft tokens to verify. The inter-token
+latencies the pods report are those of each sequence-step's tokens, as the engine times them: a step
+that yields j tokens of a sequence gives each of them step / j, with j as many as the drafts accepted
+plus one (`_token_classes`), so speculation's tail is one whole step while its mean is the step over
+the tokens expected.
 The gateway (as `cluster/gateway.py`) hands each request on arrival to the ready pod with the fewest
 prompts waiting for prefill, then the fewest held (an endpoint picker that reads the engines' queue
 depth); it holds requests only while no pod is ready. A request stays with its pod: a backlog built
@@ -77,6 +83,8 @@ class SimulatedFleet:
         self.queue_policy, self.deadline = queue_policy, queue_policy == "deadline"
         self.kv_tokens = kv_tokens
         self.gpus, self.rng = gpus_per_replica, rng
+        self.step_sigma = truth.step_sigma
+        self.noise = rng.spawn(1)[0] if self.step_sigma > 0 else None
         self.created = np.full(MAX_PODS, np.inf)
         self.ready_at = np.full(MAX_PODS, np.inf)
         self.removed = np.zeros(MAX_PODS, bool)
@@ -245,6 +253,9 @@ class SimulatedFleet:
         k = self.k[:self.n]
         share = np.broadcast_to(np.asarray(share, float), k.shape)
         step = self._step_time(batch, k, prefilling, share, pending)
+        if self.noise is not None:
+            sigma = self.step_sigma
+            step = step * self.noise.lognormal(-sigma * sigma / 2, sigma, len(step))
         steps = np.where(held > 0, dt / step, 0.0)
         tokens_per_step = _expected(alpha, k, share)
         tpot = step / tokens_per_step
@@ -304,8 +315,12 @@ class SimulatedFleet:
     def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, share, toks, first_at) -> None:
         pods = np.flatnonzero(batch > 0)
         per_pod = np.bincount(rep, weights=toks, minlength=self.n)
-        np.add.at(self.itl_h, (pods, np.searchsorted(ITL_BUCKETS, tpot[pods])), per_pod[pods])
-        self.itl_sum[pods] += per_pod[pods] * tpot[pods]
+        together, weights = _token_classes(alpha, k[pods], share[pods])
+        itl = step[pods, None] / together                  # [pod, class]: each token's interval
+        tokens = per_pod[pods, None] * weights
+        np.add.at(self.itl_h, (np.repeat(pods, len(together)), np.searchsorted(ITL_BUCKETS, itl.ravel())),
+                  tokens.ravel())
+        self.itl_sum[pods] += per_pod[pods] * tpot[pods]          # = the sum of tokens x itl over the classes
         self.c[w.GENERATION_TOKENS][:self.n] += per_pod + np.bincount(rep[~np.isnan(first_at)], minlength=self.n)
         got = np.flatnonzero(~np.isnan(first_at))
         if len(got):
@@ -313,7 +328,7 @@ class SimulatedFleet:
             np.add.at(self.ttft_h, (rep[got], np.searchsorted(TTFT_BUCKETS, ttft)), 1)
             np.add.at(self.ttft_sum, rep[got], ttft)
         if self.record is not None:
-            self.record.intervals.append((self._now, tpot[pods], per_pod[pods]))
+            self.record.intervals.append((self._now, itl.ravel(), tokens.ravel()))
         self.batch_sum[pods] += batch[pods] * steps[pods]
         self.batch_steps[pods] += steps[pods]
         bucket = np.searchsorted(BATCH_BOUNDS, batch[pods])
@@ -421,6 +436,21 @@ def _expected(alpha: float, k: np.ndarray, share: float | np.ndarray = 1.0) -> n
     """Tokens per sequence-step at depth `k` (vectorized `pm.expected_tokens`): a `share` drafts."""
     full = k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
     return share * full + (1 - share)          # = 1 + share x (full - 1), and exactly `full` at share 1
+
+
+def _token_classes(alpha: float, k: np.ndarray, share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(j, weights): j = 1 .. max(k) + 1 tokens of one sequence come out of one step together, and
+    weights[pod, j - 1] is the share of the pod's tokens that came j at a time. A `share` of the
+    sequence-steps draft k tokens, of which a are accepted with probability alpha^a (1 - alpha) below k
+    and alpha^k at k (j = a + 1); the others decode one token. Sums to 1 per pod, and its mean over
+    tokens of 1 / j is 1 / `_expected`."""
+    together = np.arange(1, int(k.max(initial=0)) + 2, dtype=float)
+    accepted, depth = together[None, :] - 1, np.asarray(k, float)[:, None]
+    p = np.where(accepted < depth, alpha ** accepted * (1 - alpha), np.where(accepted == depth, alpha ** depth, 0.0))
+    p = np.asarray(share, float)[:, None] * p
+    p[:, 0] += 1 - np.asarray(share, float)
+    tokens = p * together
+    return together, tokens / tokens.sum(axis=1, keepdims=True)
 
 
 def _late(deadlines: np.ndarray, now: float, ahead: float, rate: float, prompt: float) -> np.ndarray:

@@ -15,11 +15,16 @@ costs at least the prefill fit of a full chunk (the token budget) at the service
 A verify or prefill fit that misses its own points by more than `FIT_LIMIT` (relative RMS) is not
 used: that step is priced by the decode fit at the same number of tokens (one forward pass over them),
 and `notes` says so, in every result that carries the truth.
+
+A measured step is not always as long: `step_sigma` is the relative spread of one step around its
+point's median that the profile saw (each point's max - min over its repeats, read as a normal's
+range), which the fleet draws each pod's step time from. A derived profile (one repeat) has none.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +78,14 @@ class ProfileTruth:
         return own if own is not None and own.rel_rms_error <= FIT_LIMIT else self.profile.fit["decode"]
 
     @property
+    def step_sigma(self) -> float:
+        """Relative standard deviation of one decode or verify step's time: the median over the profile's
+        points of (max - min) / median, over the expected range of that many normal draws."""
+        spreads = [p.spread_s / p.median_s / expected_range(p.repeats) for p in self.profile.points
+                   if p.kind in ("decode", "verify") and p.repeats >= 2 and p.median_s > 0]
+        return statistics.median(spreads) if spreads else 0.0
+
+    @property
     def notes(self) -> list[str]:
         """Which step kinds are priced by the decode fit instead of their own, and why."""
         out = []
@@ -105,6 +118,11 @@ class ProfileTruth:
                                                                  np.array([False]))[0]))
                    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) for q in (1, 3, 5)]
         return pm.fit_calibration(samples, shape, prior)
+
+
+def expected_range(n: int) -> float:
+    """Expected max - min of n standard normal draws (Blom's approximation of the expected maximum, x 2)."""
+    return 2 * statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 def truth_for(model: str, accelerator: str, ctx: int, chunk: int,

@@ -140,3 +140,47 @@ def test_a_fit_that_misses_its_points_is_replaced_by_the_decode_fit_and_says_so(
     assert mixed == pytest.approx(0.08 + 0.004 * 64)                  # the decode fit over the chunk's tokens
     assert truth.notes == ["prefill fit error 98% > 50%: prefill steps priced by the decode fit over the same tokens"]
     assert T.ProfileTruth(profile(), ctx=300, chunk=64).notes == []
+
+
+def _pod(prof: P.Profile, k: int, n: int = 10, seed: int = 0) -> F.SimulatedFleet:
+    """One ready pod of `prof`'s truth at depth `k` holding `n` decoding sequences, recording its ticks."""
+    spec, _plan, model, truth = run.setup_spec(replay.service_spec(CPU_SPEC, "on"), prof, NO_PROFILES)
+    fleet = F.SimulatedFleet(model, truth, spec.slo.prompt_tokens, 0.0, 1, 10_000, np.random.default_rng(seed))
+    fleet.add_pods(1, 0.0, k, ready_now=True)
+    fleet.req = {"rep": np.zeros(n), "start": np.zeros(n), "arrival": np.zeros(n), "pleft": np.zeros(n),
+                 "oleft": np.full(n, 1e6), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1e6)}
+    fleet.record = F.Record()
+    return fleet
+
+
+def test_a_speculating_pod_reports_each_tokens_interval_not_the_mean():
+    # k = 2 at acceptance 0.5: a sequence-step yields 1, 2 or 3 tokens with probability 0.5, 0.25, 0.25,
+    # so 0.5, 0.5 and 0.75 of every 1.75 tokens come 1, 2 and 3 at a time, at step / 1, / 2 and / 3
+    fleet = _pod(profile(), k=2)
+    fleet._advance(0.0, 1.0, 0.5, np.array([1.0]))
+    step = 0.16 + 0.004 * 10 * 3
+    _, itl, tokens = fleet.record.intervals[0]
+    assert itl == pytest.approx([step, step / 2, step / 3])
+    assert tokens / tokens.sum() == pytest.approx(np.array([0.5, 0.5, 0.75]) / 1.75)
+    assert fleet.itl_sum[0] / tokens.sum() == pytest.approx(step / 1.75)     # the mean is unchanged
+    assert fleet.itl_h[0].sum() == pytest.approx(tokens.sum())
+    plain = _pod(profile(), k=0)
+    plain._advance(0.0, 1.0, 0.5, np.array([1.0]))
+    assert plain.record.intervals[0][1] == pytest.approx([0.08 + 0.004 * 10])
+
+
+def test_step_times_vary_by_the_profiles_measured_spread_with_their_mean_and_arrivals_kept():
+    points = [P.StepPoint("decode", b, 128, 1, 0.1, 0.0347, 15) for b in (1, 2, 4)]
+    spread = replace(profile(), points=points)
+    assert T.ProfileTruth(spread, 300, 64).step_sigma == pytest.approx(0.0347 / 0.1 / T.expected_range(15))
+    assert T.ProfileTruth(profile(), 300, 64).step_sigma == 0.0             # no repeats, no spread
+    assert T.expected_range(15) == pytest.approx(3.472, abs=0.01)          # the tabulated d2(15)
+    fleet = _pod(spread, k=0)
+    for tick in range(400):
+        fleet._advance(tick * 0.1, 0.1, 0.0, np.array([1.0]))
+    steps = np.array([itl[0] for _, itl, _ in fleet.record.intervals])
+    mean = 0.08 + 0.004 * 10
+    assert steps.mean() == pytest.approx(mean, rel=0.02)
+    assert np.std(steps) / mean == pytest.approx(0.1, rel=0.2)
+    same = _pod(profile(), k=0, seed=0)
+    assert fleet.rng.uniform() == same.rng.uniform()                        # the arrivals' stream is untouched

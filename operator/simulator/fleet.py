@@ -66,8 +66,9 @@ class Totals:
 
 @dataclass
 class Record:
-    """What the fleet did, tick by tick: (time, per-token interval of each busy pod, tokens it emitted at
-    that interval), and finished requests: (time, TTFTs, mean time per output token, output tokens)."""
+    """What the fleet did, tick by tick: (time, the token intervals of its busy pods (one per pod and
+    number of tokens a sequence-step yielded), the tokens emitted at each), and finished requests:
+    (time, TTFTs, mean time per output token, output tokens)."""
     intervals: list[tuple[float, np.ndarray, np.ndarray]] = field(default_factory=list)
     finished: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
 

@@ -157,9 +157,9 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
 
 def _phase(record: Record, ticks: list[_Tick], model: ServiceModel, start: float, end: float) -> dict:
     seconds = end - start
-    inside = [(tpot, toks) for t, tpot, toks in record.intervals if start < t <= end + 1e-9]
-    tpot = np.concatenate([x for x, _ in inside]) if inside else np.zeros(0)
-    toks = np.concatenate([y for _, y in inside]) if inside else np.zeros(0)
+    inside = [(itl, toks) for t, itl, toks in record.intervals if start < t <= end + 1e-9]
+    itl = np.concatenate([x for x, _ in inside]) if inside else np.zeros(0)      # each token's interval
+    toks = np.concatenate([y for _, y in inside]) if inside else np.zeros(0)     # tokens at that interval
     done = [f for f in record.finished if start < f[0] <= end + 1e-9]
     ttft = np.concatenate([f[1] for f in done]) if done else np.zeros(0)
     decode = np.concatenate([f[2] for f in done]) if done else np.zeros(0)
@@ -172,8 +172,8 @@ def _phase(record: Record, ticks: list[_Tick], model: ServiceModel, start: float
             "throughput_tok_s": round(float(out.sum()) / seconds, 2),
             "goodput_tok_s": round(float(out[met].sum()) / seconds, 2),
             "ttft_p50_ms": _ms(_quantile(ttft, None, 0.5)), "ttft_p99_ms": _ms(_quantile(ttft, None, 0.99)),
-            "itl_p50_ms": _ms(_bucketed_quantile(tpot, toks, 0.5)),
-            "itl_p99_ms": _ms(_bucketed_quantile(tpot, toks, 0.99)),
+            "itl_p50_ms": _ms(_bucketed_quantile(itl, toks, 0.5)),
+            "itl_p99_ms": _ms(_bucketed_quantile(itl, toks, 0.99)),
             "batch_mean": round((marks[-1].batch_sum - marks[0].batch_sum) / steps, 2) if steps else None,
             "speculation_on_share": round(sum(share) / len(share), 3) if share else None}
 

@@ -309,13 +309,19 @@ def reported_scales(service: dict) -> tuple[float, float] | None:
     return calibration["decodeScale"], calibration["verifyScale"]
 
 
+PLANNED_REASONS = ("Planned", "NotPaying", None)     # SpeculationActive as the plan sets it, before the loop speaks
+
+
 def reported_threshold(service: dict) -> tuple[int | None, str | None]:
-    """The break-even batch the operator last reported (its SpeculationActive message, else the plan's)
-    and the condition's reason."""
+    """The break-even batch the operator last reported (its SpeculationActive message; the plan's while
+    the condition is still the plan's) and the condition's reason. A controller message without one (a
+    depth retune for cost) reports none: the plan's figure is not what the controller decides by."""
     status = service.get("status") or {}
     cond = next((c for c in status.get("conditions") or [] if c["type"] == "SpeculationActive"), {})
     if m := THRESHOLD.search(cond.get("message", "")):
         return int(m.group(1)), cond.get("reason")
+    if cond.get("reason") not in PLANNED_REASONS:
+        return None, cond.get("reason")
     return ((status.get("plan") or {}).get("predicted") or {}).get("maxBatchForSpeculation"), cond.get("reason")
 
 

@@ -100,3 +100,18 @@ def test_each_steady_row_is_priced_from_what_speculation_did_in_it():
     summary = speculation.by_batch_summary([entry], ["linear"])["linear/copy-heavy"]
     assert summary["in_range"] == 1.0
     assert summary["median_abs_error"] == pytest.approx(1.5 * 0.011 / 0.012 / 1.30 - 1)
+
+
+def condition_status(reason: str, message: str, planned: int = 17) -> dict:
+    return {"status": {"conditions": [{"type": "SpeculationActive", "reason": reason, "message": message}],
+                       "plan": {"predicted": {"maxBatchForSpeculation": planned}}}}
+
+
+def test_the_threshold_is_the_controllers_and_the_plans_only_while_the_condition_is_the_plans():
+    paying = condition_status("Paying", "speculation pays up to batch 65 at the dead band's edge x0.95 (x1.04 here at k=1)")
+    assert closed_loop.reported_threshold(paying) == (65, "Paying")
+    assert closed_loop.reported_threshold(condition_status("Planned", "ngram k=4; pays up to batch 17")) == (17, "Planned")
+    # a depth retune for cost names no threshold: the plan's 17 is not what the controller decides by
+    retuned = condition_status("DepthRetuned", "k 4 -> 2: 3.1 req/s on 1 replicas: with k=4 a replica carries ...")
+    assert closed_loop.reported_threshold(retuned) == (None, "DepthRetuned")
+    assert closed_loop.reported_threshold({"status": {"plan": {"predicted": {"maxBatchForSpeculation": 9}}}}) == (9, None)

@@ -524,9 +524,9 @@ def switch_checks(crossed: list[dict], switched: list[dict], interval_s: float, 
     first = crossed[0]["t"] - interval_s if crossed else float("inf")
     unprompted = [s for s in switched if s["t"] < first and s["reason"] in ON_REASONS + OFF_REASONS]
     failed = bool(unprompted) or not all(m["ok"] for m in matched)
-    due = sum(m["due"] for m in matched)
-    verdict = "failed" if failed else "ok" if due else "not exercised"
-    return {"crossings": matched, "due_crossings": due, "unprompted_switches": len(unprompted),
+    due_count = sum(m["due"] for m in matched)
+    verdict = "failed" if failed else "ok" if due_count else "not exercised"
+    return {"crossings": matched, "due_crossings": due_count, "unprompted_switches": len(unprompted),
             "depth_retunes": len(retuned),
             "low_acceptance_switches": sum(s["reason"] in ACCEPTANCE_REASONS for s in switched),
             "verdict": verdict, "ok": verdict == "ok"}

@@ -20,7 +20,10 @@
    per-repeat medians, and this tree / against.
 
     .venv/bin/python benchmarks/cpu_decode_ops.py [--against 6e173fe] [--batches 1 4 8] [--repeats 3]
-        [--steps 60] [--json benchmarks/results/cpu_decode_ops.json]
+        [--steps 60] [--engine-flags] [--json benchmarks/results/cpu_decode_ops.json]
+
+`--against`'s sources are built with the flags the engine used up to 6e173fe, or with `--engine-flags`
+with this tree's (for a baseline from after -fno-trapping-math came in).
 """
 from __future__ import annotations
 
@@ -133,7 +136,7 @@ def build_against(commit: str, cflags: list[str] | None = None):
                        extra_cflags=cflags, extra_ldflags=["-fopenmp"])
 
 
-def child(commit: str, batch: int, steps: int) -> None:
+def child(commit: str, batch: int, steps: int, cflags: list[str] | None) -> None:
     """One repeat in this process: prints {mode: median step ms, "limits": {shape: rows}}."""
     import random
     import threading
@@ -150,7 +153,7 @@ def child(commit: str, batch: int, steps: int) -> None:
     from specfleet.engine.server.serve import load_off_the_main_thread
 
     config = EngineConfig(model=str(ensure_builtin("smollm2-135m")), dtype="float32", num_kv_blocks=64 * batch + 64)
-    engine, against = load_off_the_main_thread(lambda: (LLMEngine(config), build_against(commit)))
+    engine, against = load_off_the_main_thread(lambda: (LLMEngine(config), build_against(commit, cflags)))
     model, current = engine.runner.model, load_kernel()
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     measured = [linear.small_rows for linear in linears]
@@ -195,18 +198,22 @@ def main() -> None:
     parser.add_argument("--linear-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60, help="steps per mode and repeat")
+    parser.add_argument("--engine-flags", action="store_true", help="build --against with this tree's flags")
     parser.add_argument("--json", type=Path, default=RESULTS / "cpu_decode_ops.json")
     parser.add_argument("--child", nargs=2, metavar=("COMMIT", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from specfleet.engine.cpu.attention import CFLAGS
+
+    cflags = list(CFLAGS) if args.engine_flags else None
     if args.child:
-        child(args.child[0], int(args.child[1]), args.steps)
+        child(args.child[0], int(args.child[1]), args.steps, cflags)
         return
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table
 
     console = Console()
-    calls = single_calls(build_against(args.against))
+    calls = single_calls(build_against(args.against, cflags))
     table = Table(title=f"single calls at one decode row, median us (against = {args.against})")
     for column in ("op", "implementation", "us"):
         table.add_column(column)
@@ -225,7 +232,8 @@ def main() -> None:
     runs: dict[int, list[dict]] = {batch: [] for batch in args.batches}
     jobs = [(repeat, batch) for repeat in range(args.repeats) for batch in args.batches]
     for repeat, batch in track(jobs, description="decode steps", console=console):
-        command = [sys.executable, __file__, "--child", args.against, str(batch), "--steps", str(args.steps)]
+        command = [sys.executable, __file__, "--child", args.against, str(batch), "--steps", str(args.steps),
+                   *(["--engine-flags"] if args.engine_flags else [])]
         done = subprocess.run(command, capture_output=True, text=True, check=True, cwd="/")
         runs[batch].append(json.loads(done.stdout.strip().splitlines()[-1]))
     steps = Table(title=f"SmolLM2 decode step ms, 256-token prompts: median (min-max) over {args.repeats} repeats")

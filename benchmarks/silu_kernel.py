@@ -3,7 +3,8 @@
 In the one-pass loop `gate / (1 + exp(-gate)) * up` GCC evaluates exp's clamped branch for every lane
 (a division by 1 + exp(88.3) ~ 2e38) and blends it in; that quotient is subnormal for every ordinary gate,
 and each subnormal result costs a microcode assist. The check for that mechanism: the same call with
-subnormals flushed to zero (`torch.set_flush_denormal`) is fast again.
+subnormals flushed to zero (`torch.set_flush_denormal`) is fast again. The flag is the calling thread's,
+so it shows only where the call runs on that thread (up to 21 rows: fewer than 2^16 elements).
 
 `--against`'s sources are built with this tree's compiler flags (`-fno-trapping-math` among them, as the
 engine builds them).

@@ -25,7 +25,7 @@ CASES = [  # query lens, context lens (keys visible to each sequence's last quer
 
 
 @pytest.mark.parametrize("query_lens,context_lens,block_size", CASES)
-@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 3)])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 3), (9, 3), (8, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_the_torch_reference(query_lens, context_lens, block_size, heads, dtype):
     q_heads, kv_heads = heads

@@ -1,0 +1,123 @@
+"""What the HTTP path adds to a request: client-side latency against the server's own, for our server and vLLM.
+
+Both servers export vLLM's `vllm:time_to_first_token_seconds` and `vllm:e2e_request_latency_seconds`
+histograms, timed from when the server takes the request in. `specfleet bench serve`'s client times the
+same requests from when it sends them (vLLM's random workload, streaming, greedy, `ignore_eos`). The
+difference of the means is what lies outside the server's clock: reading and parsing the request before
+the handler runs, and writing the tokens out after the engine made them. Each (repeat, concurrency)
+scrapes /metrics before and after its run and draws prompts of its own; servers alternate which goes
+first. Reports, per server and concurrency, the median over repeats of the mean gap on the first token
+and on the whole request, with the range.
+
+    .venv/bin/python benchmarks/serving_gaps.py [--concurrency 1 8 32] [--repeats 3] [--no-vllm]
+        [--json benchmarks/results/serving_gaps.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import tempfile
+from pathlib import Path
+
+import serving   # benchmarks/serving.py: the servers, as the serving benchmark starts them
+
+RESULTS = Path(__file__).parent / "results"
+HISTOGRAMS = ("time_to_first_token_seconds", "e2e_request_latency_seconds")
+
+
+def server_sums(base_url: str) -> dict[str, float]:
+    """{histogram_sum, histogram_count} over all label sets, from /metrics."""
+    import httpx
+
+    text, out = httpx.get(f"{base_url}/metrics", timeout=10).text, {}
+    for name in HISTOGRAMS:
+        for suffix in ("_sum", "_count"):
+            pattern = rf"^vllm:{name}{suffix}(?:{{[^}}]*}})? ([0-9.eE+-]+)$"
+            out[name + suffix] = sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+    return out
+
+
+def one_run(c: serving.Contender, requests, concurrency: int) -> dict:
+    from specfleet.cli.bench_cmds import LoadTarget, run_load
+
+    before = server_sums(c.base_url)
+    results, _ = asyncio.run(run_load(LoadTarget(c.base_url, serving.NAME), requests, float("inf"), concurrency,
+                                      seed=0))
+    after = server_sums(c.base_url)
+    count = after["time_to_first_token_seconds_count"] - before["time_to_first_token_seconds_count"]
+    mean = {name: (after[f"{name}_sum"] - before[f"{name}_sum"]) / count * 1e3 for name in HISTOGRAMS}
+    client_ttft = statistics.mean(r.ttft_s for r in results) * 1e3
+    client_e2e = statistics.mean(r.e2e_s for r in results) * 1e3
+    return {"requests": len(results), "failed": sum(not r.ok for r in results), "client_ttft_ms": client_ttft,
+            "server_ttft_ms": mean["time_to_first_token_seconds"], "client_e2e_ms": client_e2e,
+            "server_e2e_ms": mean["e2e_request_latency_seconds"],
+            "ttft_gap_ms": client_ttft - mean["time_to_first_token_seconds"],
+            "e2e_gap_ms": client_e2e - mean["e2e_request_latency_seconds"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--random-input-len", type=int, default=256)
+    parser.add_argument("--random-output-len", type=int, default=64)
+    parser.add_argument("--prompts-per-slot", type=int, default=2)
+    parser.add_argument("--vllm", type=Path, default=Path("/tmp/vllm-peer"))
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--json", type=Path, default=RESULTS / "serving_gaps.json")
+    args = parser.parse_args()
+    from rich.console import Console
+    from rich.table import Table
+
+    from specfleet.cli.bench_cmds import load_tokenizer, random_requests
+    from specfleet.engine.builtin import ensure_builtin
+
+    console, model = Console(), str(ensure_builtin(serving.NAME))
+    logdir = Path(tempfile.mkdtemp(prefix="serving-gaps-"))
+    contenders = [serving.start_specfleet(model, logdir)]
+    if not args.no_vllm and (args.vllm / "bin" / "python").exists():
+        contenders.append(serving.start_vllm(args.vllm, model, logdir))
+    runs: dict[str, list[dict]] = {}
+    try:
+        for c in contenders:
+            serving.wait_ready(c, 600)
+        tokenizer = load_tokenizer(model)
+        for repeat in range(args.repeats):
+            for concurrency in args.concurrency:
+                requests = random_requests(tokenizer, args.prompts_per_slot * concurrency, args.random_input_len,
+                                           args.random_output_len, 0.0, seed=1000 * repeat + concurrency)
+                for c in (contenders if repeat % 2 == 0 else contenders[::-1]):
+                    run = one_run(c, requests, concurrency)
+                    runs.setdefault(f"{c.name}@{concurrency}", []).append(run)
+                    console.print(f"repeat {repeat} c={concurrency} {c.name}: first-token gap "
+                                  f"{run['ttft_gap_ms']:.0f} ms, whole-request gap {run['e2e_gap_ms']:.0f} ms")
+    finally:
+        for c in contenders:
+            c.stop()
+    table = Table(title=f"client-side minus server-side latency, mean per run, ms: median (min-max) over "
+                        f"{args.repeats} repeats")
+    for column in ("server", "conc.", "first token", "whole request", "client TTFT", "server TTFT", "failed"):
+        table.add_column(column, justify="right")
+    summary = {}
+    for key, rs in runs.items():
+        name, concurrency = key.split("@")
+        summary[key] = {m: {"median": statistics.median(r[m] for r in rs), "min": min(r[m] for r in rs),
+                            "max": max(r[m] for r in rs)} for m in ("ttft_gap_ms", "e2e_gap_ms", "client_ttft_ms",
+                                                                    "server_ttft_ms")}
+        s = summary[key]
+        table.add_row(name, concurrency, *(f"{s[m]['median']:.0f} ({s[m]['min']:.0f}-{s[m]['max']:.0f})"
+                                           for m in ("ttft_gap_ms", "e2e_gap_ms")),
+                      f"{s['client_ttft_ms']['median']:.0f}", f"{s['server_ttft_ms']['median']:.0f}",
+                      str(sum(r["failed"] for r in rs)))
+    console.print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"config": vars(args) | {"vllm": str(args.vllm), "json": str(args.json)},
+                                     "summary": summary, "runs": runs}, indent=2) + "\n")
+    console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -162,10 +162,10 @@ def flatten(summary: dict) -> dict:
     return row
 
 
-def aggregate(runs: list[dict]) -> dict:
-    """Median and min-max of each metric over the repeats."""
+def aggregate(runs: list[dict], metrics: tuple[str, ...] = METRICS) -> dict:
+    """Median and min-max of each metric over the repeats, and the failed requests of all of them."""
     return {m: {"median": statistics.median(r[m] for r in runs), "min": min(r[m] for r in runs),
-                "max": max(r[m] for r in runs)} for m in METRICS} | {"failed": sum(r["failed"] for r in runs)}
+                "max": max(r[m] for r in runs)} for m in metrics} | {"failed": sum(r["failed"] for r in runs)}
 
 
 def ratios(ours: dict, peer: dict) -> dict:

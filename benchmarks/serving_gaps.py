@@ -24,38 +24,43 @@ from pathlib import Path
 
 import serving   # benchmarks/serving.py: the servers, as the serving benchmark starts them
 
+from specfleet.operator.control.window import Histogram
+
 RESULTS = Path(__file__).parent / "results"
-HISTOGRAMS = ("time_to_first_token_seconds", "e2e_request_latency_seconds")
+HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds")
+FIGURES = ("ttft_gap_ms", "e2e_gap_ms", "client_ttft_ms", "server_ttft_ms")
 
 
-def server_sums(base_url: str) -> dict[str, float]:
-    """{histogram_sum, histogram_count} over all label sets, from /metrics."""
+def server_histograms(base_url: str) -> dict[str, Histogram]:
+    """Each of HISTOGRAMS from /metrics, summed over its label sets (vLLM labels its engine)."""
     import httpx
 
-    text, out = httpx.get(f"{base_url}/metrics", timeout=10).text, {}
+    from specfleet.operator.control.window import parse_labels
+    from specfleet.operator.metrics_source import parse_exposition
+
+    scrape = parse_exposition(httpx.get(f"{base_url}/metrics", timeout=10).text, 0.0)
+    out = {}
     for name in HISTOGRAMS:
-        for suffix in ("_sum", "_count"):
-            pattern = rf"^vllm:{name}{suffix}(?:{{[^}}]*}})? ([0-9.eE+-]+)$"
-            out[name + suffix] = sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+        parts = [h for key, h in scrape.histograms.items() if parse_labels(key)[0] == name]
+        out[name] = Histogram(parts[0].bounds, tuple(map(sum, zip(*(h.counts for h in parts)))),
+                              sum(h.sum for h in parts))
     return out
 
 
 def one_run(c: serving.Contender, requests, concurrency: int) -> dict:
     from specfleet.cli.bench_cmds import LoadTarget, run_load
 
-    before = server_sums(c.base_url)
+    before = server_histograms(c.base_url)
     results, _ = asyncio.run(run_load(LoadTarget(c.base_url, serving.NAME), requests, float("inf"), concurrency,
                                       seed=0))
-    after = server_sums(c.base_url)
-    count = after["time_to_first_token_seconds_count"] - before["time_to_first_token_seconds_count"]
-    mean = {name: (after[f"{name}_sum"] - before[f"{name}_sum"]) / count * 1e3 for name in HISTOGRAMS}
+    after = server_histograms(c.base_url)
+    served = {name: after[name].minus(before[name]) for name in HISTOGRAMS}
+    server_ttft, server_e2e = (served[name].sum / served[name].count * 1e3 for name in HISTOGRAMS)
     client_ttft = statistics.mean(r.ttft_s for r in results) * 1e3
     client_e2e = statistics.mean(r.e2e_s for r in results) * 1e3
     return {"requests": len(results), "failed": sum(not r.ok for r in results), "client_ttft_ms": client_ttft,
-            "server_ttft_ms": mean["time_to_first_token_seconds"], "client_e2e_ms": client_e2e,
-            "server_e2e_ms": mean["e2e_request_latency_seconds"],
-            "ttft_gap_ms": client_ttft - mean["time_to_first_token_seconds"],
-            "e2e_gap_ms": client_e2e - mean["e2e_request_latency_seconds"]}
+            "server_ttft_ms": server_ttft, "client_e2e_ms": client_e2e, "server_e2e_ms": server_e2e,
+            "ttft_gap_ms": client_ttft - server_ttft, "e2e_gap_ms": client_e2e - server_e2e}
 
 
 def main() -> None:
@@ -101,17 +106,12 @@ def main() -> None:
                         f"{args.repeats} repeats")
     for column in ("server", "conc.", "first token", "whole request", "client TTFT", "server TTFT", "failed"):
         table.add_column(column, justify="right")
-    summary = {}
-    for key, rs in runs.items():
+    summary = {key: serving.aggregate(rs, FIGURES) for key, rs in runs.items()}
+    for key, s in summary.items():
         name, concurrency = key.split("@")
-        summary[key] = {m: {"median": statistics.median(r[m] for r in rs), "min": min(r[m] for r in rs),
-                            "max": max(r[m] for r in rs)} for m in ("ttft_gap_ms", "e2e_gap_ms", "client_ttft_ms",
-                                                                    "server_ttft_ms")}
-        s = summary[key]
         table.add_row(name, concurrency, *(f"{s[m]['median']:.0f} ({s[m]['min']:.0f}-{s[m]['max']:.0f})"
                                            for m in ("ttft_gap_ms", "e2e_gap_ms")),
-                      f"{s['client_ttft_ms']['median']:.0f}", f"{s['server_ttft_ms']['median']:.0f}",
-                      str(sum(r["failed"] for r in rs)))
+                      f"{s['client_ttft_ms']['median']:.0f}", f"{s['server_ttft_ms']['median']:.0f}", str(s["failed"]))
     console.print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"config": vars(args) | {"vllm": str(args.vllm), "json": str(args.json)},

@@ -122,8 +122,8 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
     float* o = op + r * d;
     // Two passes over the row (in L1), not one: in `gate / (1 + exp(-gate))` GCC turns exp's input clamp
     // into a second branch, gate / (1 + exp(88.3)), computed for every lane and blended; that quotient is
-    // subnormal for every ordinary gate, and each subnormal result costs a microcode assist (10x slower
-    // over a prefill chunk: benchmarks/silu_kernel.py). Stored first, exp's result is opaque to the division.
+    // subnormal for every ordinary gate, and each subnormal result costs a microcode assist (~11x slower
+    // at 8 to 2,048 rows: benchmarks/silu_kernel.py). Stored first, exp's result is opaque to the division.
 #pragma omp simd
     for (int64_t i = 0; i < d; ++i) o[i] = specfleet_vec::exp(-gate[i]);
 #pragma omp simd

@@ -12,6 +12,10 @@ namespace specfleet_vec {
 // exp(x), within 2 ulp of libm over the float range: Cody-Waite reduction x = n ln2 + r, the Cephes
 // degree-6 polynomial on r, and 2^n built in the exponent bits. Inputs are clamped to where 2^n stays a
 // normal float (exp(-87.3) ~ 1e-38 stands in for 0, exp(88.3) ~ 2e38 for overflow).
+// A caller that divides by (or multiplies with) the result in the same vectorized loop lets GCC compute
+// the clamped case as a branch of its own for every lane and blend it in; x / (1 + exp(88.3)) is then a
+// subnormal in every lane, and each costs a microcode assist. Store the result first, and use it in a
+// second loop (`silu_and_mul` in fused_ops.cpp does; the softmax only stores and sums it).
 inline float exp(float x) {
   x = x < -87.3f ? -87.3f : x;
   x = x > 88.3f ? 88.3f : x;

@@ -325,13 +325,19 @@ def _device_name(device: torch.device) -> str:
 
 
 def host_info() -> dict:
-    model = platform.processor() or platform.machine()
+    """What a profile's figures depend on: the CPU (its name, family/model where the name is masked, as on
+    cloud VMs, and the vector ISA torch dispatches to), the cores and the torch threads."""
+    info = {"cpu": platform.processor() or platform.machine()}
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
-        model = names[0] if names else model
-    return {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+        fields = dict(line.split(":", 1) for line in cpuinfo.read_text().split("\n\n", 1)[0].splitlines()
+                      if ":" in line)
+        fields = {key.strip(): value.strip() for key, value in fields.items()}
+        info["cpu"] = fields.get("model name", info["cpu"])
+        if "cpu family" in fields and "model" in fields:
+            info["family_model"] = f"{fields['cpu family']}/{fields['model']}"
+    info["isa"] = torch.backends.cpu.get_cpu_capability()
+    return {**info, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()}
 
 
 def engine_commit() -> str:

@@ -40,11 +40,12 @@ def auto_run():
     return run
 
 
-# Remove once the batch can cross the threshold on this service: at these prompts' acceptance (0.6-0.9)
-# the profile puts the break-even at batch 22-67 for the k the controller picks, above the plan's cap of
-# 24 sequences, so by the model speculation stays on at the peak (it used to go off for CostsReplicas, which
-# misread the faster closed-loop arrivals as load the replica could not carry, and came back each dwell).
-@pytest.mark.xfail(strict=False, reason="the break-even at these prompts' acceptance lies above the batch cap (24)")
+# Remove once the batch can cross the threshold on this service: at these prompts' acceptance (0.93 at k = 1,
+# draft share 0.45) the shipped CPU profile prices k = 1 at x1.05 or more at every batch up to 64, so there
+# is no break-even under the plan's cap (54) and by the model speculation rightly stays on at the peak
+# (docs/control.md, "The shipped profile, re-measured"). Open-ended text (0.78, 0.22) prices within 2% of 1
+# at every batch: inside the dead band, so no batch switch there either.
+@pytest.mark.xfail(strict=False, reason="no break-even batch under the cap at these prompts' acceptance")
 def test_speculation_goes_off_when_the_batch_rises_and_on_when_it_falls(auto_run):
     switched = auto_run["switches"]
     bounds = {name: (start, end) for name, start, end in SHORT.bounds()}

@@ -254,11 +254,16 @@ def test_shares_by_depth_price_each_depth_at_its_own_share(make_spec, gpus, mode
 
 
 def test_the_speculation_threshold_is_the_last_batch_that_pays_past_a_gap_below_the_knee(make_spec):
-    """The shipped SmolLM2 profile bends at 16 tokens: just below it a verify step's extra rows cost the
-    few-row price, so at a = 0.5 speculation stops paying for some batches and pays again past them.
-    The threshold is where it stops for good, not the first gap."""
+    """A cost that bends at 16 tokens, as SmolLM2's CPU profile did at `80b2c23` (its fits, by hand): just
+    below the knee a verify step's extra rows cost the few-row price, so at a = 0.5 speculation stops
+    paying for some batches and pays again past them. The threshold is where it stops for good, not the
+    first gap."""
+    bent = dict(b=0.003557, c=1.722e-6, s=-5.85e-5, knee=16.0, b2=-0.001353, sc=2.017e-7)
+    catalog = cpu_catalog(decode=StepFit(a=0.02724, rel_rms_error=0.06, num_points=14, **bent),
+                          verify=StepFit(a=0.02673, rel_rms_error=0.05, num_points=56, **bent),
+                          prefill=StepFit(a=0.0655, b=0.002205, c=6.44e-7, rel_rms_error=0.02, num_points=6))
     spec = make_spec(**CPU)
-    plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
+    plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalog)
     model = capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models()).with_draft_share(0.3)
     pays = [pm.best_k_of(model.cost, b, model.ctx, 0.5, 4, model.draft, model.draft_share) > 0 for b in range(1, 200)]
     threshold = model.max_batch_for_speculation(0.5)

@@ -118,6 +118,9 @@ def serve(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     seed: int = typer.Option(0, help="Engine seed."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_steps: Optional[str] = typer.Option(
+        None, help="Append one JSON line per engine step to this file (end time, duration, sequences, tokens, "
+                   "decoding sequences, prompt tokens, speculating)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with Prometheus metrics and an admin API."""
     from specfleet.engine.config import EngineConfig
@@ -140,7 +143,7 @@ def serve(
         api_keys = load_api_keys(api_key, api_key_file)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    run_server(config, host, port, admin_token_file, drain_timeout, log_level, limits, api_keys)
+    run_server(config, host, port, admin_token_file, drain_timeout, log_level, limits, api_keys, log_steps)
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:

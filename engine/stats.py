@@ -1,7 +1,10 @@
 """Engine counters and per-step records: the raw material of the server's Prometheus metrics."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -12,6 +15,26 @@ class StepRecord:
     num_decode_seqs: int          # sequences that produced a token from a decode or verification
     num_prefill_tokens: int
     speculating: bool
+
+
+class StepLog:
+    """A step listener that appends one JSON line per engine step to a file: the monotonic time the step
+    ended and its `StepRecord`. What vLLM's `--enable-logging-iteration-details` logs, in a form a script
+    reads (how the scheduler packed prompts and decodes under real arrivals, and what each step cost)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def __call__(self, record: StepRecord) -> None:
+        line = json.dumps({"t": round(time.monotonic(), 6), **asdict(record)}, separators=(",", ":"))
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
 
 
 @dataclass

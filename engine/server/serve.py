@@ -15,6 +15,7 @@ from typing import Callable, TypeVar
 import uvicorn
 
 from specfleet.engine.config import EngineConfig
+from specfleet.engine.stats import StepLog
 
 log = logging.getLogger("specfleet.engine.server")
 T = TypeVar("T")
@@ -50,8 +51,9 @@ class DrainingServer(uvicorn.Server):
 
 
 def build_app(config: EngineConfig, admin_token_file: str | None = None, limits=None,
-              api_keys: tuple[str, ...] = ()):
-    """Load the model and build the app (returns the app and its shared ServerState)."""
+              api_keys: tuple[str, ...] = (), log_steps: str | None = None):
+    """Load the model and build the app (returns the app and its shared ServerState); with `log_steps`,
+    every engine step is appended to that file as a JSON line (`stats.StepLog`)."""
     from specfleet.engine.engine import LLMEngine
     from specfleet.engine.server.app import create_app
     from specfleet.engine.server.async_engine import AsyncEngine
@@ -59,6 +61,8 @@ def build_app(config: EngineConfig, admin_token_file: str | None = None, limits=
 
     token = read_token_file(admin_token_file) if admin_token_file else None
     engine = load_off_the_main_thread(lambda: LLMEngine(config))
+    if log_steps:
+        engine.step_listeners.append(StepLog(log_steps))
     app = create_app(AsyncEngine(engine), admin_token=token, limits=limits, api_keys=api_keys)
     return app, app.state.server
 
@@ -90,9 +94,9 @@ def load_off_the_main_thread(build: Callable[[], T]) -> T:
 
 def run_server(config: EngineConfig, host: str = "0.0.0.0", port: int = 8000, admin_token_file: str | None = None,
                drain_timeout_s: float = 30.0, log_level: str = "info", limits=None,
-               api_keys: tuple[str, ...] = ()) -> None:
+               api_keys: tuple[str, ...] = (), log_steps: str | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app, state = build_app(config, admin_token_file, limits, api_keys)
+    app, state = build_app(config, admin_token_file, limits, api_keys, log_steps)
     if not api_keys:
         log.warning("no API key configured: the OpenAI endpoints are open to anyone who reaches %s:%d", host, port)
     if state.access.admin_token is None:

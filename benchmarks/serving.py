@@ -63,17 +63,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_specfleet(model: str, logdir: Path) -> Contender:
+def start_specfleet(model: str, logdir: Path, extra: tuple[str, ...] = ()) -> Contender:
     port = free_port()
     log = logdir / "specfleet.log"
     cmd = [str(Path(sys.executable).parent / "specfleet"), "engine", "serve", "--model", model,
            "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--log-level", "warning"]
+           "--log-level", "warning", *extra]
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     return Contender("specfleet", f"http://127.0.0.1:{port}", proc, log)
 
 
-def start_vllm(venv: Path, model: str, logdir: Path) -> Contender:
+def start_vllm(venv: Path, model: str, logdir: Path, extra: tuple[str, ...] = ()) -> Contender:
     """`vllm serve` with the settings docs/benchmarks.md gives for this machine (OpenMP bound to the cores,
     Intel OpenMP, a fixed KV space, caches under the log folder)."""
     port = free_port()
@@ -89,7 +89,7 @@ def start_vllm(venv: Path, model: str, logdir: Path) -> Contender:
     # script's version lookup of `vllm` fails.
     cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", NAME, "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"]
+           "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", *extra]
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     return Contender("vllm", f"http://127.0.0.1:{port}", proc, log)
 

@@ -1,8 +1,8 @@
-"""Engine counters and per-step records: the raw material of the server's Prometheus metrics."""
+"""Engine counters and per-step records: the raw material of the server's Prometheus metrics, and a file
+sink for the records (`StepLog`)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -20,21 +20,16 @@ class StepRecord:
 class StepLog:
     """A step listener that appends one JSON line per engine step to a file: the monotonic time the step
     ended and its `StepRecord`. What vLLM's `--enable-logging-iteration-details` logs, in a form a script
-    reads (how the scheduler packed prompts and decodes under real arrivals, and what each step cost)."""
+    reads (how the scheduler packed prompts and decodes under real arrivals, and what each step cost).
+    Listeners run on the thread that steps the engine, so there is one writer; lines are flushed as written
+    and the file closes with the process."""
 
     def __init__(self, path: str) -> None:
         self._file = open(path, "a", buffering=1, encoding="utf-8")
-        self._lock = threading.Lock()
 
     def __call__(self, record: StepRecord) -> None:
         line = json.dumps({"t": round(time.monotonic(), 6), **asdict(record)}, separators=(",", ":"))
-        with self._lock:
-            if not self._file.closed:
-                self._file.write(line + "\n")
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
+        self._file.write(line + "\n")
 
 
 @dataclass

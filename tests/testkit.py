@@ -35,6 +35,23 @@ def wait_for(probe, timeout: float = 20.0, every: float = 0.1):
     raise AssertionError(f"timed out; last value: {value!r}")
 
 
+def wait_server_ready(base: str, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    """Poll a server process's `/ready` until it answers 200; fail at once if the process exits."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server never became ready")
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:

@@ -149,8 +149,9 @@ def test_a_batch_heavy_phase_turns_speculation_off_on_every_pod(fleet):
     for e in engines:
         e.set(rps=0.05, ttft=0.3, waiting=0.0, batch=2.0, acceptance=0.7)      # one replica's worth, well within
     assert wait_for(lambda: all(e.admin_calls and e.admin_calls[-1][0]["enabled"] is True for e in engines))
-    # At 0.4 of 4 drafted tokens accepted (0.67 per token) the shipped CPU profile prices speculation to pay
-    # up to batch ~208 at the dead band's edge; at 0.7 it pays at every batch (docs/control.md).
+    # At 0.4 of 4 drafted tokens accepted (0.67 per token) the shipped CPU profile prices speculation to stop
+    # paying, past the dead band's edge, at a batch well below 400; at 0.7 (0.86 per token) it pays at every
+    # batch (docs/control.md, "The shipped profile, re-measured").
     for e in engines:
         e.set(batch=400.0, acceptance=0.4)
     assert wait_for(lambda: all(e.admin_calls and e.admin_calls[-1][0]["enabled"] is False for e in engines))

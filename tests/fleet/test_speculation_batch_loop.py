@@ -41,7 +41,7 @@ def auto_run():
 
 
 # Remove once the batch can cross the threshold on this service: at these prompts' acceptance (0.93 at k = 1,
-# draft share 0.45) the shipped CPU profile prices k = 1 at x1.05 or more at every batch up to 64, so there
+# draft share 0.45) the shipped CPU profile prices k = 1 at x1.06 or more at every batch up to 48, so there
 # is no break-even under the plan's cap (54) and by the model speculation rightly stays on at the peak
 # (docs/control.md, "The shipped profile, re-measured"). Open-ended text (0.78, 0.22) prices within 2% of 1
 # at every batch: inside the dead band, so no batch switch there either.

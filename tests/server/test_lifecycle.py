@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -12,6 +11,8 @@ import time
 
 import httpx
 import pytest
+
+from testkit import free_port, wait_server_ready
 
 
 def wait_for_free_blocks(live, timeout: float = 10.0) -> None:
@@ -62,14 +63,8 @@ def test_full_waiting_queue_answers_429_with_retry_after(server_factory):
     assert httpx.post(f"{live.base_url}/v1/completions", json=body, timeout=60).status_code == 200   # recovered
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_llama, tmp_path):
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "specfleet.cli.main", "engine", "serve", "--model", tiny_llama,
@@ -77,7 +72,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_llama, tmp_path)
                              "--num-kv-blocks", "128", "--drain-timeout", "30", "--log-level", "warning"],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        _wait_ready(base, proc)
+        wait_server_ready(base, proc)
         body = {"prompt": "drain", "max_tokens": 400, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
         with httpx.Client(base_url=base, timeout=60) as client, client.stream("POST", "/v1/completions",
@@ -110,17 +105,3 @@ def _status_within(client: httpx.Client, path: str, status: int, timeout_s: floa
             return True
         time.sleep(0.01)
     return False
-
-
-def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("server never became ready")

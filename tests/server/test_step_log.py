@@ -8,16 +8,7 @@ import sys
 
 import httpx
 
-from testkit import free_port, wait_for
-
-
-def _ready(base: str, proc: subprocess.Popen) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"server exited with {proc.returncode}")
-    try:
-        return httpx.get(f"{base}/ready", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+from testkit import free_port, wait_server_ready
 
 
 def test_the_step_log_accounts_for_every_prompt_and_output_token(tiny_llama, tmp_path):
@@ -29,7 +20,7 @@ def test_the_step_log_accounts_for_every_prompt_and_output_token(tiny_llama, tmp
                              "--num-kv-blocks", "128", "--log-level", "warning", "--log-steps", str(steps)],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        wait_for(lambda: _ready(base, proc), 90, 0.2)
+        wait_server_ready(base, proc)
         body = {"model": "tiny", "prompt": [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]], "max_tokens": 6,
                 "ignore_eos": True, "temperature": 0}
         usage = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()["usage"]

@@ -86,17 +86,18 @@ class Settings:
     port: int = 8790
     ready_timeout_s: float = 600.0
     logs_dir: Path | None = None         # where each run's `specfleet up` logs are copied (None: dropped)
+    speculation: tuple[tuple[str, object], ...] = ()     # more spec.speculation fields (promptLookupMin, ...)
 
 
 # -- the fleet ---------------------------------------------------------------------------------------------
-def manifest(mode: str) -> dict:
-    """The example CR with one fixed replica and speculation forced to `mode`."""
+def manifest(mode: str, speculation: tuple[tuple[str, object], ...] = ()) -> dict:
+    """The example CR with one fixed replica, speculation forced to `mode` and given `speculation`'s fields."""
     if mode not in MODES:
         raise ValueError(f"speculation mode must be one of {', '.join(MODES)}, got {mode!r}")
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["replicas"] = 1
     doc["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 1}
-    doc["spec"]["speculation"]["mode"] = mode
+    doc["spec"]["speculation"].update(speculation, mode=mode)
     return doc
 
 
@@ -506,7 +507,9 @@ def switch_checks(crossed: list[dict], switched: list[dict], interval_s: float, 
     retuned = [s for s in switched if s["reason"] == "DepthRetuned"]
     states = held_states(switched, initially_on)
     switched = [s for s in switched if s["reason"] != "DepthRetuned"]
-    bounds = [c["t"] for c in crossed[1:]] + [float("inf")]
+    # each crossing's window runs to where the next one's opens, an interval before it: the controller may
+    # answer a crossing a little before this script's batch window shows it, and that switch is the next's
+    bounds = [c["t"] - interval_s for c in crossed[1:]] + [float("inf")]
     matched = []
     for c, until in zip(crossed, bounds):
         held, why = state_at(states, c["t"] - interval_s)
@@ -541,7 +544,7 @@ def switch_summary(checks: list[dict]) -> dict:
 
 # -- one run, all runs -----------------------------------------------------------------------------------------
 def run_mode(mode: str, settings: Settings, progress=None) -> dict:
-    doc = manifest(mode)
+    doc = manifest(mode, settings.speculation)
     slo = doc["spec"]["slo"]
     targets = (slo["ttftP99Ms"] / 1000, slo["itlP99Ms"] / 1000)
     trace = settings.trace
@@ -643,14 +646,25 @@ def run_all(settings: Settings) -> dict:
     return {"config": config(settings), "runs": merged, "checks": checks}
 
 
+def speculation_fields(pairs: list[str], parser: argparse.ArgumentParser) -> tuple[tuple[str, object], ...]:
+    """FIELD=VALUE pairs, each value read as YAML (numbers stay numbers)."""
+    fields = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            parser.error(f"--speculation takes FIELD=VALUE, got {pair!r}")
+        fields.append((name, yaml.safe_load(value)))
+    return tuple(fields)
+
+
 def config(settings: Settings) -> dict:
-    doc = manifest("auto")
+    doc = manifest("auto", settings.speculation)
     return {"command": " ".join([".venv/bin/python", "benchmarks/closed_loop.py", *sys.argv[1:]]),
             "trace": {"phases": [asdict(p) for p in settings.trace.phases], "max_tokens": settings.trace.max_tokens},
             "modes": list(settings.modes), "control_interval_s": settings.interval_s,
             "speculation_dwell_s": settings.dwell_s, "batch_hysteresis": HYSTERESIS, "seed": settings.seed,
             "repeats": settings.repeats, "manifest": str(EXAMPLE.relative_to(ROOT)), "replicas": 1,
-            "slo": doc["spec"]["slo"], "goodput": "tokens/s of requests with TTFT <= ttftP99Ms and mean time "
+            "slo": doc["spec"]["slo"], "speculation": doc["spec"]["speculation"], "goodput": "tokens/s of requests with TTFT <= ttftP99Ms and mean time "
             "per output token <= itlP99Ms", "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                            time.gmtime())}
 
@@ -707,6 +721,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--port", type=int, default=8790)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--speculation", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help="more spec.speculation fields of the CR, e.g. promptLookupMin=1 minAcceptanceRate=0.3")
     parser.add_argument("--logs", type=Path, help="keep each run's `specfleet up` logs under this folder")
     parser.add_argument("--recheck", type=Path, metavar="JSON",
                         help="run nothing: judge an earlier run's results again with this script's checks, "
@@ -723,7 +739,7 @@ def main() -> None:
             parser.error(f"unknown phase(s) {sorted(unknown)}; the trace has {[p.name for p in trace.phases]}")
         trace = Trace(tuple(p for p in trace.phases if p.name in args.phases), trace.max_tokens, trace.seed)
     settings = Settings(trace, tuple(args.modes), args.interval, args.dwell, args.seed, args.repeats, args.port,
-                        logs_dir=args.logs)
+                        logs_dir=args.logs, speculation=speculation_fields(args.speculation, parser))
     result = run_all(settings)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

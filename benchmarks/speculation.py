@@ -347,6 +347,9 @@ def main() -> None:
     parser.add_argument("--steady", type=int, default=0, metavar="STEPS",
                         help="measure at a steady batch (ended requests replaced at once), STEPS timed engine steps "
                              "per mode and repeat, instead of generating one fixed batch to the end")
+    parser.add_argument("--ngram-min", type=int, default=2,
+                        help="shortest suffix the n-gram proposer matches (the engine's default 2; 1 drafts more "
+                             "often and has more drafts rejected)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; 1 avoids OpenMP stalls when other processes share the cores "
                              "(match the profile's threads when comparing break-evens)")
@@ -378,7 +381,8 @@ def main() -> None:
     for method in args.methods:
         extra = {"draft_model": str(draft_dir)} if method == "draft" else {}
         llm = LLM(str(target), speculative_method=method, num_speculative_tokens=args.k, num_kv_blocks=4096,
-                  max_num_seqs=max(args.batches), enable_prefix_caching=not args.steady, **extra)
+                  max_num_seqs=max(args.batches), enable_prefix_caching=not args.steady, ngram_min=args.ngram_min,
+                  **extra)
         c = draft_cost_ratio(30, args.draft_layers) if method == "draft" else 0.0
         for workload, tasks in (("copy-heavy", COPY_TASKS), ("open-ended", OPEN_TASKS)):
             for batch in args.batches:

@@ -98,6 +98,8 @@ def serve(
     max_speculative_tokens: int = typer.Option(
         0, help="Deepest k the admin API may switch to live (0: --num-speculative-tokens)."),
     speculation_enabled: str = typer.Option("true", help="true or false: speculation on at start-up."),
+    prompt_lookup_min: int = typer.Option(2, help="Shortest suffix the n-gram proposer matches in the context."),
+    prompt_lookup_max: int = typer.Option(4, help="Longest suffix the n-gram proposer matches in the context."),
     admin_token_file: Optional[str] = typer.Option(
         None, help="File with the admin API bearer token (without it the admin API is off)."),
     api_key: list[str] = typer.Option(
@@ -135,7 +137,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching, speculative_method=speculative_method,
             draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
-            max_speculative_tokens=max_speculative_tokens,
+            max_speculative_tokens=max_speculative_tokens, ngram_min=prompt_lookup_min, ngram_max=prompt_lookup_max,
             speculation_enabled=_parse_bool(speculation_enabled, "--speculation-enabled"),
             max_waiting_requests=max_waiting_requests, ttft_deadline_ms=ttft_deadline_ms, itl_target_ms=itl_target_ms,
             dtype=dtype, device=device, seed=seed)

@@ -47,8 +47,8 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     max_speculative_tokens: int = 0     # the live switch's ceiling on k (0: num_speculative_tokens)
     speculation_enabled: bool = True
-    ngram_min: int = 2
-    ngram_max: int = 4
+    ngram_min: int = 2                  # the n-gram proposer matches suffixes of ngram_max down to ngram_min
+    ngram_max: int = 4                  # tokens (vLLM's prompt_lookup_min / prompt_lookup_max)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,6 +65,8 @@ class EngineConfig:
             raise ValueError(f"itl_target_ms must be > 0, got {self.itl_target_ms}")
         if self.ttft_deadline_ms is not None and self.ttft_deadline_ms <= 0:
             raise ValueError(f"ttft_deadline_ms must be > 0, got {self.ttft_deadline_ms}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if self.speculative_method not in (None, "ngram", "draft"):
             raise ValueError(f"speculative_method must be ngram or draft, got {self.speculative_method!r}")
         if self.speculative_method == "draft" and not self.draft_model:

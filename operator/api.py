@@ -98,6 +98,8 @@ class Speculation:
     draft_model: ModelRef | None = None
     max_speculative_tokens: int = 8
     min_acceptance_rate: float = 0.5
+    prompt_lookup_min: int = 2      # n-gram drafts match context suffixes of max down to min tokens
+    prompt_lookup_max: int = 4
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,8 @@ def cross_field_errors(spec: InferenceServiceSpec) -> list[str]:
         errors.append("autoscaling: idleSeconds applies only with minReplicas 0")
     if sp.method == "draft" and sp.draft_model is None:
         errors.append("speculation: draftModel is required when method is draft")
+    if sp.prompt_lookup_min > sp.prompt_lookup_max:
+        errors.append("speculation: promptLookupMin must not exceed promptLookupMax")
     if spec.model.source.startswith("builtin:") and spec.model.source != "builtin:smollm2-135m":
         errors.append("model.source: the only builtin model is builtin:smollm2-135m")
     return errors
@@ -287,7 +291,10 @@ class _Reader:
         draft = self.model(self.obj(raw, "draftModel", f"{w}.draftModel"), f"{w}.draftModel")
         k = self.int(raw, "maxSpeculativeTokens", f"{w}.maxSpeculativeTokens", 8, lo=1, hi=16)
         alpha = self.num(raw, "minAcceptanceRate", f"{w}.minAcceptanceRate", 0.5, lo=0, hi=1)
-        return Speculation(mode or "auto", method or "ngram", draft, k or 8, 0.5 if alpha is None else alpha)
+        low = self.int(raw, "promptLookupMin", f"{w}.promptLookupMin", 2, lo=1, hi=16)
+        high = self.int(raw, "promptLookupMax", f"{w}.promptLookupMax", 4, lo=1, hi=16)
+        return Speculation(mode or "auto", method or "ngram", draft, k or 8, 0.5 if alpha is None else alpha,
+                           low or 2, high or 4)
 
     def autoscaling(self, raw: Mapping[str, Any] | None) -> Autoscaling:
         raw, w = raw or {}, "spec.autoscaling"

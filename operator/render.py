@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from specfleet.operator.api import API_VERSION, KIND, InferenceServiceSpec, ModelRef, parse_source
+from specfleet.operator.api import API_VERSION, KIND, InferenceServiceSpec, ModelRef, Speculation, parse_source
 from specfleet.operator.perfmodel import GiB
 from specfleet.operator.planner import Plan, SpeculationPlan
 
@@ -183,7 +183,18 @@ def specfleet_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, dr
         args += ["--num-speculative-tokens", str(sp.k), "--speculation-enabled", str(sp.enabled).lower()]
         # the control loop retunes k live up to maxSpeculativeTokens; the engine refuses any deeper k
         args += ["--max-speculative-tokens", str(max(sp.k, spec.speculation.max_speculative_tokens))]
+        args += ngram_args(spec.speculation) if sp.method == "ngram" else []
     return args + ["--admin-token-file", ADMIN_TOKEN_FILE]
+
+
+def ngram_args(sp: Speculation) -> list[str]:
+    """The n-gram match bounds, only where they differ from the defaults (the engine's too): flags that
+    restate defaults would change every existing pod template, and an upgrade would roll them for nothing."""
+    default = Speculation()
+    args = ["--prompt-lookup-min", str(sp.prompt_lookup_min)] if sp.prompt_lookup_min != default.prompt_lookup_min else []
+    if sp.prompt_lookup_max != default.prompt_lookup_max:
+        args += ["--prompt-lookup-max", str(sp.prompt_lookup_max)]
+    return args
 
 
 def vllm_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: ModelMount | None) -> list[str]:
@@ -198,7 +209,9 @@ def vllm_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: 
     if sp.enabled and sp.k > 0:
         config = {"method": sp.method, "num_speculative_tokens": sp.k}
         if sp.method == "ngram":
-            config["prompt_lookup_max"] = 4
+            # both bounds: given only the max, vLLM takes the min equal to it
+            config.update(prompt_lookup_min=spec.speculation.prompt_lookup_min,
+                          prompt_lookup_max=spec.speculation.prompt_lookup_max)
         else:
             config = {"model": draft.arg, "num_speculative_tokens": sp.k}
         args += ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]

@@ -56,6 +56,16 @@ def test_crossings_answered_once_within_two_intervals_pass_and_a_second_switch_i
     assert closed_loop.switch_checks(crossed, late, INTERVAL)["verdict"] == "failed"
 
 
+def test_a_switch_that_answers_the_next_crossing_early_is_the_next_crossings():
+    # the controller turned on at 75.9 s, half a second before this script's window showed the batch under
+    # the threshold (76.3 s): that switch answers the second crossing, not a flap after the first
+    crossed = [crossing(61.8, False, threshold=9), crossing(76.3, True, threshold=17)]
+    answered = [switch(60.9, False, "BatchAboveThreshold"), switch(75.9, True, "SpeculationPays")]
+    check = closed_loop.switch_checks(crossed, answered, INTERVAL)
+    assert [(c["switches"], c["lag_s"], c["ok"]) for c in check["crossings"]] == [(1, -0.9, True), (1, -0.4, True)]
+    assert check["verdict"] == "ok"
+
+
 def test_a_batch_switch_before_any_crossing_fails_and_a_run_without_crossings_is_not_exercised():
     assert closed_loop.switch_checks([], [switch(10.0, False, "BatchAboveThreshold")], INTERVAL)["verdict"] == "failed"
     retunes_only = [switch(10.0, True, "DepthRetuned", 3), switch(30.0, True, "DepthRetuned", 1)]
@@ -115,3 +125,10 @@ def test_the_threshold_is_the_controllers_and_the_plans_only_while_the_condition
     retuned = condition_status("DepthRetuned", "k 4 -> 2: 3.1 req/s on 1 replicas: with k=4 a replica carries ...")
     assert closed_loop.reported_threshold(retuned) == (None, "DepthRetuned")
     assert closed_loop.reported_threshold({"status": {"plan": {"predicted": {"maxBatchForSpeculation": 9}}}}) == (9, None)
+
+
+def test_the_closed_loop_cr_takes_extra_speculation_fields_and_keeps_the_forced_mode():
+    doc = closed_loop.manifest("off", (("promptLookupMin", 1), ("minAcceptanceRate", 0.3), ("mode", "on")))
+    speculation_spec = doc["spec"]["speculation"]
+    assert speculation_spec["mode"] == "off" and speculation_spec["promptLookupMin"] == 1
+    assert speculation_spec["minAcceptanceRate"] == 0.3 and doc["spec"]["replicas"] == 1

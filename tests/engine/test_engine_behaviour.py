@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from specfleet.engine import LLM, SamplingParams
+from specfleet.engine.config import EngineConfig
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +116,9 @@ def test_waiting_bound_counts_only_requests_beyond_the_free_running_slots(tiny_l
     while engine.has_unfinished():
         engine.step()
     engine.add_request("r4", [5, 6, 7], params)          # drained: admitted again
+
+
+@pytest.mark.parametrize("low, high", [(0, 4), (3, 2)])
+def test_ngram_bounds_out_of_order_are_refused_when_configured(low, high):
+    with pytest.raises(ValueError, match="ngram_min <= ngram_max"):
+        EngineConfig(model="m", ngram_min=low, ngram_max=high)

@@ -24,6 +24,8 @@ def test_a_minimal_spec_gets_the_crd_defaults():
     ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas must not exceed maxReplicas"),
     ({"speculation": {"method": "draft"}}, "draftModel is required"),
     ({"speculation": {"minAcceptanceRate": 1.5}}, "minAcceptanceRate"),
+    ({"speculation": {"promptLookupMin": 3, "promptLookupMax": 2}}, "promptLookupMin must not exceed promptLookupMax"),
+    ({"speculation": {"promptLookupMin": 0}}, "spec.speculation.promptLookupMin"),
     ({"model": {"name": "m", "source": "s3://bucket/x"}}, "spec.model.source"),
     ({"slo": {"ttftP99Ms": 500, "itlP99Ms": 50, "objective": 1}}, "spec.slo.objective: 1 is outside (0, 1)"),
     ({"slo": {"ttftP99Ms": 500, "itlP99Ms": 50, "objective": 0}}, "spec.slo.objective: 0 is outside (0, 1)"),

@@ -88,7 +88,17 @@ def test_vllm_gets_its_image_tp_and_speculative_config(make_spec, gpus, models):
     flags = _flags(container["args"][1:])
     assert flags["--tensor-parallel-size"] == "2" and flags["--gpu-memory-utilization"] == "0.90"
     assert json.loads(flags["--speculative-config"]) == {"method": "ngram", "num_speculative_tokens": plan.speculation.k,
-                                                         "prompt_lookup_max": 4}
+                                                         "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def test_the_ngram_match_bounds_reach_the_engine_only_when_declared(make_spec, gpus, models):
+    def args_of(**speculation):
+        _, _, (deploy, _, _) = _render(make_spec, gpus, models, speculation={"mode": "on", **speculation})
+        return _flags(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--prompt-lookup-min" not in args_of() and "--prompt-lookup-max" not in args_of()
+    declared = args_of(promptLookupMin=1, promptLookupMax=3)
+    assert declared["--prompt-lookup-min"] == "1" and declared["--prompt-lookup-max"] == "3"
 
 
 def test_draft_speculation_mounts_the_draft_model(make_spec, gpus, models):

@@ -46,6 +46,13 @@ def test_object_rule_omits_the_value(http, isvc_crd):
                                              "Invalid value: minReplicas must not exceed maxReplicas")]
 
 
+def test_the_ngram_bounds_rule_sees_the_defaulted_bound(http, isvc_crd):
+    code, body = http.post(ISVCS, isvc(speculation={"promptLookupMin": 5}))     # promptLookupMax defaults to 4
+    assert code == 422 and causes(body) == [("spec.speculation", "FieldValueInvalid",
+                                             "Invalid value: promptLookupMin must not exceed promptLookupMax")]
+    assert http.post(ISVCS, isvc(speculation={"promptLookupMin": 1, "promptLookupMax": 3}))[0] == 201
+
+
 def test_blocking_schema_error_skips_cel_and_says_so(http, isvc_crd):
     spec = isvc(accelerator={"count": 100})["spec"]
     spec["slo"]["ttftP99Ms"] = "fast"

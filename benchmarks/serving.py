@@ -63,17 +63,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_specfleet(model: str, logdir: Path, extra: tuple[str, ...] = ()) -> Contender:
+def start_specfleet(model: str, logdir: Path, extra: tuple[str, ...] = (), dtype: str = "float32") -> Contender:
     port = free_port()
     log = logdir / "specfleet.log"
     cmd = [str(Path(sys.executable).parent / "specfleet"), "engine", "serve", "--model", model,
-           "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+           "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--log-level", "warning", *extra]
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     return Contender("specfleet", f"http://127.0.0.1:{port}", proc, log)
 
 
-def start_vllm(venv: Path, model: str, logdir: Path, extra: tuple[str, ...] = ()) -> Contender:
+def start_vllm(venv: Path, model: str, logdir: Path, extra: tuple[str, ...] = (), dtype: str = "float32") -> Contender:
     """`vllm serve` with the settings docs/benchmarks.md gives for this machine (OpenMP bound to the cores,
     Intel OpenMP, a fixed KV space, caches under the log folder)."""
     port = free_port()
@@ -89,7 +89,7 @@ def start_vllm(venv: Path, model: str, logdir: Path, extra: tuple[str, ...] = ()
     # script's version lookup of `vllm` fails.
     cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", NAME, "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", *extra]
+           "--port", str(port), "--dtype", dtype, "--max-model-len", "2048", *extra]
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     return Contender("vllm", f"http://127.0.0.1:{port}", proc, log)
 
@@ -128,16 +128,16 @@ def greedy_over_http(c: Contender, prompts: list[str], max_tokens: int) -> dict[
     return {"whole": whole, "streamed": asyncio.run(streamed())}
 
 
-def offline_greedy(model: str, prompts: list[str], max_tokens: int) -> list[str]:
+def offline_greedy(model: str, prompts: list[str], max_tokens: int, dtype: str = "float32") -> list[str]:
     from specfleet.engine import LLM, SamplingParams
 
-    llm = LLM(model, dtype="float32", num_kv_blocks=256)
+    llm = LLM(model, dtype=dtype, num_kv_blocks=256)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     return [o.text for o in outs]
 
 
-def check_equality(model: str, contenders: list[Contender], max_tokens: int) -> dict:
-    offline = offline_greedy(model, EQUALITY_PROMPTS, max_tokens)
+def check_equality(model: str, contenders: list[Contender], max_tokens: int, dtype: str = "float32") -> dict:
+    offline = offline_greedy(model, EQUALITY_PROMPTS, max_tokens, dtype)
     report = {"prompts": EQUALITY_PROMPTS, "max_tokens": max_tokens, "offline": offline}
     for c in contenders:
         got = greedy_over_http(c, EQUALITY_PROMPTS, max_tokens)
@@ -310,6 +310,8 @@ def main() -> None:
     parser.add_argument("--vllm", type=Path, default=Path("/tmp/vllm-peer"), help="vLLM's venv (skipped if absent)")
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--equality-tokens", type=int, default=32)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="both servers' weights, activations and KV cache (bfloat16: AVX512-BF16 / AMX CPUs)")
     parser.add_argument("--json", type=Path, default=None, help="default: results/serving[_profile].json")
     parser.add_argument("--profile-batches", type=int, nargs="*", default=None,
                         help="break a decode step down at these batch sizes instead of serving")
@@ -329,13 +331,13 @@ def main() -> None:
         print(f"wrote {path}")
         return
     logdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
-    contenders = [start_specfleet(model, logdir)]
+    contenders = [start_specfleet(model, logdir, dtype=args.dtype)]
     if not args.no_vllm and (args.vllm / "bin" / "python").exists():
-        contenders.append(start_vllm(args.vllm, model, logdir))
+        contenders.append(start_vllm(args.vllm, model, logdir, dtype=args.dtype))
     try:
         for c in contenders:
             wait_ready(c, 600 if c.name == "vllm" else 180)
-        equality = check_equality(model, contenders, args.equality_tokens)
+        equality = check_equality(model, contenders, args.equality_tokens, args.dtype)
         print(f"greedy through our server equals LLM.generate: whole {equality['specfleet']['equal_whole']}, "
               f"streamed {equality['specfleet']['equal_streamed']}")
         tokenizer = load_tokenizer(model)

@@ -4,10 +4,10 @@ The torch reference path gathers every sequence's blocks into a padded copy and 
 batched matmuls: three copies of the whole context per layer and step, which is most of a CPU decode
 step. `paged_attention.cpp` reads K/V in place through the block table instead. Prefill chunks go to
 `prefill_attention.cpp`, causal tiles that skip the keys a query cannot see (SDPA scores them and masks);
-what it does not cover (not fp32, an odd head size, no 8-wide vectors) keeps SDPA. It is compiled once per
-machine with torch's cpp_extension (g++ and ninja) into `kernel_build_dir()`, under the specfleet cache;
-where that is impossible the engine logs why and keeps the torch path. The same extension carries the
-decoder's fused elementwise steps (`fused_ops.cpp`) and the few-row linear (`linear_small.cpp`), with
+what it does not cover (not fp32 or bf16, an odd head size, no 8-wide vectors) keeps SDPA. It is compiled
+once per machine with torch's cpp_extension (g++ and ninja) into `kernel_build_dir()`, under the specfleet
+cache; where that is impossible the engine logs why and keeps the torch path. The same extension carries
+the decoder's fused elementwise steps (`fused_ops.cpp`) and the few-row linear (`linear_small.cpp`), with
 `vec_math.h` inlined into each.
 """
 from __future__ import annotations

@@ -1,11 +1,14 @@
 // The Llama decoder's per-layer elementwise steps (RMSNorm, residual add + RMSNorm, SiLU-and-mul, RoPE),
 // one call each instead of 3-14 Python-dispatched ops.
 //
-// For float32 each is one loop over the data (vectorized by the compiler; `vec_math.h` for exp and the
-// sum of squares): a decode step's tensors are a few KB, where the ~5 us of dispatch and allocation per
-// ATen op was the whole cost (7 ops for an RMSNorm). Results equal the Python reference
+// For float32 and bfloat16 each is one loop over the data (vectorized by the compiler; `vec_math.h` for
+// exp and the sum of squares): a decode step's tensors are a few KB, where the ~5 us of dispatch and
+// allocation per ATen op was the whole cost (7 ops for an RMSNorm). Results equal the Python reference
 // (`engine/model/llama.py`, TorchElementwise) to float rounding, not bit for bit: the sum of squares is
-// added in another order and products may fuse into FMAs. Other dtypes run the reference's ATen kernels.
+// added in another order and products may fuse into FMAs. bfloat16 is computed in float and rounded to
+// bfloat16 wherever the reference's bfloat16 ops round (after each product and sum), so its results
+// differ from the reference's only where those float differences cross a rounding boundary. Other dtypes
+// run the reference's ATen kernels.
 // Rows are spread over torch's intra-op threads only when a call has enough work (prefill chunks): a
 // parallel region costs more than a decode step's few KB, and the two cores are shared with the HTTP loop.
 #include <torch/extension.h>
@@ -13,6 +16,8 @@
 
 #include <cmath>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "vec_math.h"
 
@@ -29,13 +34,51 @@ void for_rows(int64_t rows, int64_t row_size, const F& body) {
   });
 }
 
-bool contiguous_float(const torch::Tensor& t) { return t.scalar_type() == torch::kFloat && t.is_contiguous(); }
+// How a dtype is held and rounded: float32 as is; bfloat16 as its 16 bits, each result rounded to it.
+struct F32 {
+  using T = float;
+  static float load(float x) { return x; }
+  static float store(float x) { return x; }
+  static float round(float x) { return x; }
+};
+struct BF16 {
+  using T = uint16_t;
+  static float load(uint16_t h) { return specfleet_vec::bf16_to_float(h); }
+  static uint16_t store(float x) { return specfleet_vec::float_to_bf16(x); }
+  static float round(float x) { return load(store(x)); }
+};
 
-// out = weight * (x * rsqrt(mean(x^2) + eps)), one row of n.
-inline void rms_row(const float* x, const float* weight, float eps, int64_t n, float* out) {
-  const float inv = 1.f / std::sqrt(specfleet_vec::sum_squares(x, n) / static_cast<float>(n) + eps);
+template <typename S>
+typename S::T* data(const torch::Tensor& t) { return reinterpret_cast<typename S::T*>(t.data_ptr()); }
+
+// float32 or bfloat16 (the dtypes with loops here), contiguous, all of `dtype`
+bool contiguous_as(const torch::Tensor& t, torch::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.is_contiguous() &&
+         (dtype == torch::kFloat || dtype == torch::kBFloat16);
+}
+
+template <typename S>
+float sum_squares(const typename S::T* x, int64_t n) {
+  if constexpr (std::is_same_v<S, F32>) {
+    return specfleet_vec::sum_squares(x, n);
+  } else {
+    float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; ++j) part[j] += S::load(x[i + j]) * S::load(x[i + j]);
+    float total = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+    for (; i < n; ++i) total += S::load(x[i]) * S::load(x[i]);
+    return total;
+  }
+}
+
+// out = weight * (x * rsqrt(mean(x^2) + eps)), one row of n; the normalized x is rounded to the dtype
+// before the weight multiplies it, as in the reference.
+template <typename S>
+inline void rms_row(const typename S::T* x, const typename S::T* weight, float eps, int64_t n, typename S::T* out) {
+  const float inv = 1.f / std::sqrt(sum_squares<S>(x, n) / static_cast<float>(n) + eps);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+  for (int64_t i = 0; i < n; ++i) out[i] = S::store(S::load(weight[i]) * S::round(S::load(x[i]) * inv));
 }
 
 torch::Tensor rms_norm_aten(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -50,64 +93,103 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 }
 
 // Heads contiguous within a token, tokens at any stride: q and k as views into the fused QKV projection.
-bool rows_of_heads(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kFloat && t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2) &&
+bool rows_of_heads(const torch::Tensor& t, torch::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2) &&
          t.size(2) % 2 == 0;
 }
 
-// x [tokens, heads, d] rotated into `out` (contiguous); cos/sin [tokens, 1, d].
+// x [tokens, heads, d] rotated into `out` (contiguous); cos/sin [tokens, 1, d] in x's dtype.
+template <typename S>
 void rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
+  using T = typename S::T;
   const int64_t heads = x.size(1), d = x.size(2), half = d / 2, token_stride = x.stride(0);
-  const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+  const T *xp = data<S>(x), *cp = data<S>(cos), *sp = data<S>(sin);
+  T* op = data<S>(out);
   for_rows(x.size(0), heads * d, [&](int64_t t) {
-    const float *c = cp + t * d, *s = sp + t * d;
+    const T *c = cp + t * d, *s = sp + t * d;
     for (int64_t h = 0; h < heads; ++h) {
-      const float* a = xp + t * token_stride + h * d;
-      float* o = op + (t * heads + h) * d;
+      const T* a = xp + t * token_stride + h * d;
+      T* o = op + (t * heads + h) * d;
 #pragma omp simd
-      for (int64_t i = 0; i < half; ++i) o[i] = a[i] * c[i] + (-a[i + half]) * s[i];
+      for (int64_t i = 0; i < half; ++i)
+        o[i] = S::store(S::round(S::load(a[i]) * S::load(c[i])) + S::round(-S::load(a[i + half]) * S::load(s[i])));
 #pragma omp simd
-      for (int64_t i = half; i < d; ++i) o[i] = a[i] * c[i] + a[i - half] * s[i];
+      for (int64_t i = half; i < d; ++i)
+        o[i] = S::store(S::round(S::load(a[i]) * S::load(c[i])) + S::round(S::load(a[i - half]) * S::load(s[i])));
     }
+  });
+}
+
+template <typename S>
+void rms_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::Tensor& out) {
+  const int64_t n = x.size(-1);
+  const auto *xp = data<S>(x), *wp = data<S>(weight);
+  auto* op = data<S>(out);
+  for_rows(x.numel() / n, n, [&](int64_t r) { rms_row<S>(xp + r * n, wp, static_cast<float>(eps), n, op + r * n); });
+}
+
+template <typename S>
+void add_rms_rows(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight, double eps,
+                  torch::Tensor& sum, torch::Tensor& normed) {
+  const int64_t n = x.size(-1);
+  const auto *xp = data<S>(x), *rp = data<S>(residual), *wp = data<S>(weight);
+  auto *sp = data<S>(sum), *np = data<S>(normed);
+  for_rows(x.numel() / n, n, [&](int64_t r) {
+    auto* s = sp + r * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) s[i] = S::store(S::load(rp[r * n + i]) + S::load(xp[r * n + i]));
+    rms_row<S>(s, wp, static_cast<float>(eps), n, np + r * n);
+  });
+}
+
+template <typename S>
+void silu_rows(const torch::Tensor& x, int64_t rows, int64_t d, torch::Tensor& out) {
+  const auto* xp = data<S>(x);
+  auto* op = data<S>(out);
+  for_rows(rows, 2 * d, [&](int64_t r) {
+    const auto *gate = xp + r * 2 * d, *up = gate + d;
+    auto* o = op + r * d;
+    thread_local std::vector<float> denominators;
+    denominators.resize(d);
+    float* e = denominators.data();
+    // Two passes over the row (in L1), not one: in `gate / (1 + exp(-gate))` GCC turns exp's input clamp
+    // into a second branch, gate / (1 + exp(88.3)), computed for every lane and blended; that quotient is
+    // subnormal for every ordinary gate, and each subnormal result costs a microcode assist (~11x slower
+    // at 8 to 2,048 rows: benchmarks/silu_kernel.py). Stored first, exp's result is opaque to the division.
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) e[i] = specfleet_vec::exp(-S::load(gate[i]));
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) o[i] = S::store(S::round(S::load(gate[i]) / (1.f + e[i])) * S::load(up[i]));
   });
 }
 
 }  // namespace
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
-  if (!contiguous_float(x) || !contiguous_float(weight)) return rms_norm_aten(x, weight, eps);
-  const int64_t n = x.size(-1);
+  if (!contiguous_as(x, x.scalar_type()) || !contiguous_as(weight, x.scalar_type())) return rms_norm_aten(x, weight, eps);
   auto out = torch::empty_like(x);
-  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  for_rows(x.numel() / n, n, [&](int64_t r) { rms_row(xp + r * n, wp, static_cast<float>(eps), n, op + r * n); });
+  if (x.scalar_type() == torch::kFloat) rms_rows<F32>(x, weight, eps, out);
+  else rms_rows<BF16>(x, weight, eps, out);
   return out;
 }
 
 // (x + residual, rms_norm(x + residual)): the residual stream after a sub-layer and the next one's input.
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
                                                       double eps) {
-  if (!contiguous_float(x) || !contiguous_float(residual) || !contiguous_float(weight)) {
+  const auto dtype = x.scalar_type();
+  if (!contiguous_as(x, dtype) || !contiguous_as(residual, dtype) || !contiguous_as(weight, dtype)) {
     auto sum = residual + x;
     return {sum, rms_norm_aten(sum, weight, eps)};
   }
-  const int64_t n = x.size(-1);
   auto sum = torch::empty_like(x), normed = torch::empty_like(x);
-  const float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>(), *wp = weight.data_ptr<float>();
-  float *sp = sum.data_ptr<float>(), *np = normed.data_ptr<float>();
-  for_rows(x.numel() / n, n, [&](int64_t r) {
-    float* s = sp + r * n;
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) s[i] = rp[r * n + i] + xp[r * n + i];
-    rms_row(s, wp, static_cast<float>(eps), n, np + r * n);
-  });
+  if (dtype == torch::kFloat) add_rms_rows<F32>(x, residual, weight, eps, sum, normed);
+  else add_rms_rows<BF16>(x, residual, weight, eps, sum, normed);
   return {sum, normed};
 }
 
 // [tokens, 2 * d] (gate | up) -> silu(gate) * up, [tokens, d].
 torch::Tensor silu_and_mul(torch::Tensor x) {
-  if (!contiguous_float(x)) {
+  if (!contiguous_as(x, x.scalar_type())) {
     auto parts = x.chunk(2, -1);
     return torch::silu(parts[0]) * parts[1];
   }
@@ -115,31 +197,25 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
   auto sizes = x.sizes().vec();
   sizes.back() = d;
   auto out = torch::empty(sizes, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  for_rows(rows, 2 * d, [&](int64_t r) {
-    const float *gate = xp + r * 2 * d, *up = gate + d;
-    float* o = op + r * d;
-    // Two passes over the row (in L1), not one: in `gate / (1 + exp(-gate))` GCC turns exp's input clamp
-    // into a second branch, gate / (1 + exp(88.3)), computed for every lane and blended; that quotient is
-    // subnormal for every ordinary gate, and each subnormal result costs a microcode assist (~11x slower
-    // at 8 to 2,048 rows: benchmarks/silu_kernel.py). Stored first, exp's result is opaque to the division.
-#pragma omp simd
-    for (int64_t i = 0; i < d; ++i) o[i] = specfleet_vec::exp(-gate[i]);
-#pragma omp simd
-    for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.f + o[i]) * up[i];
-  });
+  if (x.scalar_type() == torch::kFloat) silu_rows<F32>(x, rows, d, out);
+  else silu_rows<BF16>(x, rows, d, out);
   return out;
 }
 
 // q [tokens, q_heads, d], k [tokens, kv_heads, d], cos/sin [tokens, 1, d].
 std::tuple<torch::Tensor, torch::Tensor> rotary(torch::Tensor q, torch::Tensor k, torch::Tensor cos,
                                                 torch::Tensor sin) {
-  if (!rows_of_heads(q) || !rows_of_heads(k) || !contiguous_float(cos) || !contiguous_float(sin) || cos.numel() != q.size(0) * q.size(2) ||
-      sin.numel() != cos.numel())
+  const auto dtype = q.scalar_type();
+  if (!rows_of_heads(q, dtype) || !rows_of_heads(k, dtype) || !contiguous_as(cos, dtype) || !contiguous_as(sin, dtype) ||
+      cos.numel() != q.size(0) * q.size(2) || sin.numel() != cos.numel())
     return {q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin};
   auto q_out = torch::empty(q.sizes(), q.options()), k_out = torch::empty(k.sizes(), k.options());
-  rotate(q, cos, sin, q_out);
-  rotate(k, cos, sin, k_out);
+  if (dtype == torch::kFloat) {
+    rotate<F32>(q, cos, sin, q_out);
+    rotate<F32>(k, cos, sin, k_out);
+  } else {
+    rotate<BF16>(q, cos, sin, q_out);
+    rotate<BF16>(k, cos, sin, k_out);
+  }
   return {q_out, k_out};
 }

@@ -1,8 +1,9 @@
 """Linear layers with oneDNN-prepacked weights: the CPU path for the model's projections and LM head.
 
 MKL's sgemm (what `F.linear` runs on CPU) is slow on the tall, narrow LM head; oneDNN takes the weight
-in its blocked layout, packed once here (`benchmarks/cpu_backend.py` measures both). Only fp32 weights are
-packed; anything else keeps `nn.Linear`. For the few rows of a small decode step, oneDNN's fixed cost per
+in its blocked layout, packed once here (`benchmarks/cpu_backend.py` measures both). fp32 and bf16 weights
+are packed (bf16 runs oneDNN's AVX512-BF16 / AMX kernels where the CPU has them); anything else keeps
+`nn.Linear`. For the few rows of a small decode step, oneDNN's fixed cost per
 call outweighs the arithmetic, so those go to the extension's `linear_small` over the plain weight, which
 is kept for it. Up to how many rows that pays differs by CPU and by shape (on one 2-core EPYC it was 8
 rows for most of SmolLM2's shapes, on another 2 to 4), so `calibrate_small_rows` times both on the
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)
 COLD_BYTES = 64 << 20        # more than a server CPU's L3: timed over this much weight, it comes from memory
 TIMING_REPEATS = 3
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def packing_available() -> bool:
@@ -61,14 +63,14 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module, kernel=None) -> int:
-    """Swap every fp32 `nn.Linear` of `model` for a `PackedLinear` (see there for `kernel`); returns how
+    """Swap every fp32 or bf16 `nn.Linear` of `model` for a `PackedLinear` (see there for `kernel`); returns how
     many were swapped."""
     if not packing_available():
         return 0
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+            if type(child) is nn.Linear and child.weight.dtype in PACKED_DTYPES and child.weight.device.type == "cpu":
                 setattr(parent, name, PackedLinear(child, kernel))
                 swapped += 1
     return swapped
@@ -110,7 +112,7 @@ def measured_small_rows(linears: list[PackedLinear]) -> int:
     (0 if it loses at one row): both timed over the same layers, alternating which goes first."""
     limit = 0
     for rows in CANDIDATE_ROWS:
-        x = torch.randn(rows, linears[0].in_features)
+        x = torch.randn(rows, linears[0].in_features).to(linears[0].weight.dtype)
         small, gemm = [], []
         for repeat in range(TIMING_REPEATS + 1):                # the first pass of each is a warm-up
             for kind, times in sorted([("small", small), ("gemm", gemm)], reverse=repeat % 2 == 1):

@@ -1,4 +1,5 @@
-// Causal paged attention for prefill chunks on CPU (fp32, head_dim a multiple of 16).
+// Causal paged attention for prefill chunks on CPU (fp32 or bf16 as its bits, head_dim a multiple of 16;
+// arithmetic in fp32 either way).
 //
 // SDPA's CPU kernel scores every query against every key of the chunk and masks afterwards: a 256-token
 // prompt fits one of its key blocks, so the masked half is computed too. Here a work item is one
@@ -18,6 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "vec_math.h"
@@ -43,16 +45,26 @@ struct Shape {
 
 inline int64_t steps_of(int64_t keys) { return (keys + KEYS - 1) / KEYS; }
 
+// Elements are float, or bfloat16 held as uint16_t: widened on load, rounded to nearest even on store.
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return specfleet_vec::bf16_to_float(x); }
+template <typename T>
+inline T narrow(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return specfleet_vec::float_to_bf16(x);
+}
+
 // kt[x * KEYS + j] = key (first + j)'s element x, for the slab of keys [first, first + KEYS) of KV head
 // `kv`; past the context the last key is repeated (finite, and never weighted).
-void transpose_slab(const Shape& s, const float* k_cache, const int32_t* table, int64_t ctx, int64_t kv,
+template <typename T>
+void transpose_slab(const Shape& s, const T* k_cache, const int32_t* table, int64_t ctx, int64_t kv,
                     int64_t first, float* kt) {
   const int64_t d = s.head_dim;
   for (int64_t j = 0; j < KEYS; ++j) {
     const int64_t pos = std::min(first + j, ctx - 1);
     const int64_t slot = table[pos / s.block_size] * s.block_size + pos % s.block_size;
-    const float* key = k_cache + (slot * s.kv_heads + kv) * d;
-    for (int64_t x = 0; x < d; ++x) kt[x * KEYS + j] = key[x];
+    const T* key = k_cache + (slot * s.kv_heads + kv) * d;
+    for (int64_t x = 0; x < d; ++x) kt[x * KEYS + j] = widen(key[x]);
   }
 }
 
@@ -71,7 +83,8 @@ inline void score(const float* q, const float* kt, int64_t d, float* s, int64_t 
 }
 
 // acc[r][0, d) += sum over the slab's keys j of p[r * stride + j] * values[j][0, d), 16 columns at a time
-inline void add_weighted(float* acc, const float* p, int64_t stride, const float* const* values, int64_t d) {
+template <typename T>
+inline void add_weighted(float* acc, const float* p, int64_t stride, const T* const* values, int64_t d) {
   for (int64_t col = 0; col < d; col += 16) {
     v8f sum[R][2];
     for (int r = 0; r < R; ++r)
@@ -103,8 +116,9 @@ struct Scratch {
 // Tile `tile` of sequence `seq` for KV head `kv` over its transposed keys `kt` (steps_of(ctx) slabs).
 // Rows are (token, query head of this KV head), padded to a multiple of R with rows that see what the
 // last real row sees and are never written out.
-void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const float* q, const float* kt,
-                 const float* v_cache, const int32_t* table, int64_t ctx, float scale, float* out, Scratch& w) {
+template <typename T>
+void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const T* q, const float* kt,
+                 const T* v_cache, const int32_t* table, int64_t ctx, float scale, T* out, Scratch& w) {
   const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
   const int64_t first = tile * TILE, tokens = std::min(TILE, s.query_len - first), rows = tokens * group;
   const int64_t padded_rows = (rows + R - 1) / R * R, offset = ctx - s.query_len;   // keys before the chunk
@@ -115,15 +129,15 @@ void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const fl
   w.scores.resize(padded_rows * stride);
   w.sums.resize(padded_rows);
   for (int64_t r = 0; r < rows; ++r) {
-    const float* src = q + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
-    for (int64_t x = 0; x < d; ++x) w.q[r * d + x] = src[x] * scale;
+    const T* src = q + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
+    for (int64_t x = 0; x < d; ++x) w.q[r * d + x] = widen(src[x]) * scale;
   }
   for (int64_t r0 = 0; r0 < padded_rows; r0 += R)              // a block's last row sees the most keys
     for (int64_t step = 0; step < steps_of(visible(r0 + R - 1)); ++step)
       score(&w.q[r0 * d], kt + step * d * KEYS, d, &w.scores[r0 * stride + step * KEYS], stride);
   for (int64_t r = 0; r < padded_rows; ++r)
     w.sums[r] = softmax_row(&w.scores[r * stride], visible(r), stride);
-  const float* values[KEYS];
+  const T* values[KEYS];
   for (int64_t step = 0; step < steps_of(keys); ++step) {
     for (int64_t j = 0; j < KEYS; ++j) {
       const int64_t pos = std::min(step * KEYS + j, ctx - 1);
@@ -134,9 +148,9 @@ void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const fl
         add_weighted(&w.acc[r0 * d], &w.scores[r0 * stride + step * KEYS], stride, values, d);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    float* dst = out + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
+    T* dst = out + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
     const float inv = 1.f / w.sums[r];
-    for (int64_t x = 0; x < d; ++x) dst[x] = w.acc[r * d + x] * inv;
+    for (int64_t x = 0; x < d; ++x) dst[x] = narrow<T>(w.acc[r * d + x] * inv);
   }
 }
 
@@ -144,38 +158,18 @@ void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const fl
 // 0, n-1, 1, n-2, ...
 inline int64_t balanced(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - i / 2; }
 
-}  // namespace specfleet_prefill
-#endif
-
-void check_paged_inputs(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                        const torch::Tensor& block_tables, const torch::Tensor& context_lens);   // paged_attention.cpp
-
-// q/out [num_seqs * query_len, q_heads, head_dim] float32; caches [num_blocks, block_size, kv_heads,
-// head_dim]; block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32 (keys visible to
-// the last query: a cached prefix, then the chunk). Returns an empty tensor where this build or these
-// inputs are not covered (no 8-wide vectors, not fp32, head_dim not a multiple of 16): the caller uses SDPA.
-torch::Tensor paged_attention_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                      torch::Tensor block_tables, torch::Tensor context_lens, int64_t query_len,
-                                      double scale) {
-  check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens);
-#ifdef SPECFLEET_VEC8
+// The whole chunk: keys transposed, then the tiles, for elements of type T.
+template <typename T>
+void run(const Shape& s, const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+         const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale, torch::Tensor& out) {
   namespace pf = specfleet_prefill;
-  const int64_t d = q.size(2);
-  if (q.scalar_type() != torch::kFloat32 || k_cache.scalar_type() != torch::kFloat32 || d % 16 != 0)
-    return torch::empty({0});
-  q = q.contiguous();
-  block_tables = block_tables.contiguous();
-  context_lens = context_lens.contiguous();
-  pf::Shape s{block_tables.size(0), query_len, q.size(1), k_cache.size(2), d, k_cache.size(1), block_tables.size(1)};
-  TORCH_CHECK(q.size(0) == s.num_seqs * query_len, "q rows must be num_seqs * query_len");
-  TORCH_CHECK(s.q_heads % s.kv_heads == 0, "query heads must be a multiple of KV heads");
-  auto out = torch::empty_like(q);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const int64_t d = s.head_dim, query_len = s.query_len;
+  const T* qp = reinterpret_cast<const T*>(q.data_ptr());
+  const T* kp = reinterpret_cast<const T*>(k_cache.data_ptr());
+  const T* vp = reinterpret_cast<const T*>(v_cache.data_ptr());
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* ctx = context_lens.data_ptr<int32_t>();
-  float* op = out.data_ptr<float>();
+  T* op = reinterpret_cast<T*>(out.data_ptr());
   // the transposed keys of every (sequence, KV head), slab by slab: [seq][kv][step][d][KEYS]
   int64_t max_steps = 0;
   for (int64_t seq = 0; seq < s.num_seqs; ++seq) max_steps = std::max(max_steps, pf::steps_of(ctx[seq]));
@@ -200,6 +194,39 @@ torch::Tensor paged_attention_prefill(torch::Tensor q, torch::Tensor k_cache, to
                       tables + seq * s.table_stride, ctx[seq], sc, op, scratch);
     }
   });
+}
+
+}  // namespace specfleet_prefill
+#endif
+
+void check_paged_inputs(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                        const torch::Tensor& block_tables, const torch::Tensor& context_lens);   // paged_attention.cpp
+
+// q/out [num_seqs * query_len, q_heads, head_dim] float32 or bfloat16; caches of that dtype [num_blocks,
+// block_size, kv_heads, head_dim]; block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32 (keys visible to
+// the last query: a cached prefix, then the chunk). Returns an empty tensor where this build or these
+// inputs are not covered (no 8-wide vectors, not fp32 or bf16, head_dim not a multiple of 16): the caller
+// uses SDPA.
+torch::Tensor paged_attention_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                      torch::Tensor block_tables, torch::Tensor context_lens, int64_t query_len,
+                                      double scale) {
+  check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens);
+#ifdef SPECFLEET_VEC8
+  namespace pf = specfleet_prefill;
+  const int64_t d = q.size(2);
+  const auto dtype = q.scalar_type();
+  if ((dtype != torch::kFloat32 && dtype != torch::kBFloat16) || k_cache.scalar_type() != dtype ||
+      v_cache.scalar_type() != dtype || d % 16 != 0)
+    return torch::empty({0});
+  q = q.contiguous();
+  block_tables = block_tables.contiguous();
+  context_lens = context_lens.contiguous();
+  pf::Shape s{block_tables.size(0), query_len, q.size(1), k_cache.size(2), d, k_cache.size(1), block_tables.size(1)};
+  TORCH_CHECK(q.size(0) == s.num_seqs * query_len, "q rows must be num_seqs * query_len");
+  TORCH_CHECK(s.q_heads % s.kv_heads == 0, "query heads must be a multiple of KV heads");
+  auto out = torch::empty_like(q);
+  if (dtype == torch::kFloat32) pf::run<float>(s, q, k_cache, v_cache, block_tables, context_lens, scale, out);
+  else pf::run<uint16_t>(s, q, k_cache, v_cache, block_tables, context_lens, scale, out);
   return out;
 #else
   return torch::empty({0});

@@ -48,6 +48,14 @@ inline float softmax_numerators(float* row, int64_t n) {
   return sum;
 }
 
+// bfloat16 held as its 16 bits: the top half of a float. To float is exact; from float rounds to nearest
+// even as torch does (NaN stays NaN). Plain integer code, so loops over them vectorize.
+inline float bf16_to_float(uint16_t h) { return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16); }
+inline uint16_t float_to_bf16(float f) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, f);
+  return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 // sum of x[i]^2 in eight interleaved partial sums, which the compiler keeps in one vector register.
 inline float sum_squares(const float* x, int64_t n) {
   float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -69,6 +77,15 @@ inline v8f load8(const float* p) {
   return v;
 }
 
+// eight bfloat16 values widened to floats
+inline v8f load8(const uint16_t* p) {
+  typedef uint16_t v8h __attribute__((vector_size(16)));
+  typedef uint32_t v8w __attribute__((vector_size(32)));
+  v8h h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return reinterpret_cast<v8f>(__builtin_convertvector(h, v8w) << 16);
+}
+
 inline v8f pair_sums(v8f a, v8f b) {   // a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7
   return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) +
          __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
@@ -83,9 +100,10 @@ inline v8f reduce8(const v8f* acc) {
          __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-// q . rows[j] for 8 rows at once (d a multiple of 8): eight independent accumulators keep the FMA units
-// busy, and `reduce8` sums them.
-inline v8f dot8(const float* q, const float* const* rows, int64_t d) {
+// q . rows[j] for 8 rows at once (d a multiple of 8; rows float or bfloat16): eight independent
+// accumulators keep the FMA units busy, and `reduce8` sums them.
+template <typename K>
+inline v8f dot8(const float* q, const K* const* rows, int64_t d) {
   v8f acc[8] = {};
   for (int64_t x = 0; x < d; x += 8) {
     const v8f qv = load8(q + x);

@@ -16,7 +16,6 @@
 
 #include <cmath>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include "vec_math.h"
@@ -34,22 +33,13 @@ void for_rows(int64_t rows, int64_t row_size, const F& body) {
   });
 }
 
-// How a dtype is held and rounded: float32 as is; bfloat16 as its 16 bits, each result rounded to it.
-struct F32 {
-  using T = float;
-  static float load(float x) { return x; }
-  static float store(float x) { return x; }
-  static float round(float x) { return x; }
-};
-struct BF16 {
-  using T = uint16_t;
-  static float load(uint16_t h) { return specfleet_vec::bf16_to_float(h); }
-  static uint16_t store(float x) { return specfleet_vec::float_to_bf16(x); }
-  static float round(float x) { return load(store(x)); }
-};
+// Element types with loops here: float, and bfloat16 as uint16_t (`vec_math.h` widens, narrows and rounds).
+using specfleet_vec::narrow;
+using specfleet_vec::round_to;
+using specfleet_vec::widen;
 
-template <typename S>
-typename S::T* data(const torch::Tensor& t) { return reinterpret_cast<typename S::T*>(t.data_ptr()); }
+template <typename T>
+T* data(const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
 
 // float32 or bfloat16 (the dtypes with loops here), contiguous, all of `dtype`
 bool contiguous_as(const torch::Tensor& t, torch::ScalarType dtype) {
@@ -57,28 +47,13 @@ bool contiguous_as(const torch::Tensor& t, torch::ScalarType dtype) {
          (dtype == torch::kFloat || dtype == torch::kBFloat16);
 }
 
-template <typename S>
-float sum_squares(const typename S::T* x, int64_t n) {
-  if constexpr (std::is_same_v<S, F32>) {
-    return specfleet_vec::sum_squares(x, n);
-  } else {
-    float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (int j = 0; j < 8; ++j) part[j] += S::load(x[i + j]) * S::load(x[i + j]);
-    float total = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-    for (; i < n; ++i) total += S::load(x[i]) * S::load(x[i]);
-    return total;
-  }
-}
-
 // out = weight * (x * rsqrt(mean(x^2) + eps)), one row of n; the normalized x is rounded to the dtype
 // before the weight multiplies it, as in the reference.
-template <typename S>
-inline void rms_row(const typename S::T* x, const typename S::T* weight, float eps, int64_t n, typename S::T* out) {
-  const float inv = 1.f / std::sqrt(sum_squares<S>(x, n) / static_cast<float>(n) + eps);
+template <typename T>
+inline void rms_row(const T* x, const T* weight, float eps, int64_t n, T* out) {
+  const float inv = 1.f / std::sqrt(specfleet_vec::sum_squares(x, n) / static_cast<float>(n) + eps);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = S::store(S::load(weight[i]) * S::round(S::load(x[i]) * inv));
+  for (int64_t i = 0; i < n; ++i) out[i] = narrow<T>(widen(weight[i]) * round_to<T>(widen(x[i]) * inv));
 }
 
 torch::Tensor rms_norm_aten(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -99,12 +74,11 @@ bool rows_of_heads(const torch::Tensor& t, torch::ScalarType dtype) {
 }
 
 // x [tokens, heads, d] rotated into `out` (contiguous); cos/sin [tokens, 1, d] in x's dtype.
-template <typename S>
+template <typename T>
 void rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
-  using T = typename S::T;
   const int64_t heads = x.size(1), d = x.size(2), half = d / 2, token_stride = x.stride(0);
-  const T *xp = data<S>(x), *cp = data<S>(cos), *sp = data<S>(sin);
-  T* op = data<S>(out);
+  const T *xp = data<T>(x), *cp = data<T>(cos), *sp = data<T>(sin);
+  T* op = data<T>(out);
   for_rows(x.size(0), heads * d, [&](int64_t t) {
     const T *c = cp + t * d, *s = sp + t * d;
     for (int64_t h = 0; h < heads; ++h) {
@@ -112,43 +86,43 @@ void rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tenso
       T* o = op + (t * heads + h) * d;
 #pragma omp simd
       for (int64_t i = 0; i < half; ++i)
-        o[i] = S::store(S::round(S::load(a[i]) * S::load(c[i])) + S::round(-S::load(a[i + half]) * S::load(s[i])));
+        o[i] = narrow<T>(round_to<T>(widen(a[i]) * widen(c[i])) + round_to<T>(-widen(a[i + half]) * widen(s[i])));
 #pragma omp simd
       for (int64_t i = half; i < d; ++i)
-        o[i] = S::store(S::round(S::load(a[i]) * S::load(c[i])) + S::round(S::load(a[i - half]) * S::load(s[i])));
+        o[i] = narrow<T>(round_to<T>(widen(a[i]) * widen(c[i])) + round_to<T>(widen(a[i - half]) * widen(s[i])));
     }
   });
 }
 
-template <typename S>
+template <typename T>
 void rms_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::Tensor& out) {
   const int64_t n = x.size(-1);
-  const auto *xp = data<S>(x), *wp = data<S>(weight);
-  auto* op = data<S>(out);
-  for_rows(x.numel() / n, n, [&](int64_t r) { rms_row<S>(xp + r * n, wp, static_cast<float>(eps), n, op + r * n); });
+  const T *xp = data<T>(x), *wp = data<T>(weight);
+  T* op = data<T>(out);
+  for_rows(x.numel() / n, n, [&](int64_t r) { rms_row(xp + r * n, wp, static_cast<float>(eps), n, op + r * n); });
 }
 
-template <typename S>
+template <typename T>
 void add_rms_rows(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight, double eps,
                   torch::Tensor& sum, torch::Tensor& normed) {
   const int64_t n = x.size(-1);
-  const auto *xp = data<S>(x), *rp = data<S>(residual), *wp = data<S>(weight);
-  auto *sp = data<S>(sum), *np = data<S>(normed);
+  const T *xp = data<T>(x), *rp = data<T>(residual), *wp = data<T>(weight);
+  T *sp = data<T>(sum), *np = data<T>(normed);
   for_rows(x.numel() / n, n, [&](int64_t r) {
-    auto* s = sp + r * n;
+    T* s = sp + r * n;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) s[i] = S::store(S::load(rp[r * n + i]) + S::load(xp[r * n + i]));
-    rms_row<S>(s, wp, static_cast<float>(eps), n, np + r * n);
+    for (int64_t i = 0; i < n; ++i) s[i] = narrow<T>(widen(rp[r * n + i]) + widen(xp[r * n + i]));
+    rms_row(s, wp, static_cast<float>(eps), n, np + r * n);
   });
 }
 
-template <typename S>
+template <typename T>
 void silu_rows(const torch::Tensor& x, int64_t rows, int64_t d, torch::Tensor& out) {
-  const auto* xp = data<S>(x);
-  auto* op = data<S>(out);
+  const T* xp = data<T>(x);
+  T* op = data<T>(out);
   for_rows(rows, 2 * d, [&](int64_t r) {
-    const auto *gate = xp + r * 2 * d, *up = gate + d;
-    auto* o = op + r * d;
+    const T *gate = xp + r * 2 * d, *up = gate + d;
+    T* o = op + r * d;
     thread_local std::vector<float> denominators;
     denominators.resize(d);
     float* e = denominators.data();
@@ -157,9 +131,9 @@ void silu_rows(const torch::Tensor& x, int64_t rows, int64_t d, torch::Tensor& o
     // subnormal for every ordinary gate, and each subnormal result costs a microcode assist (~11x slower
     // at 8 to 2,048 rows: benchmarks/silu_kernel.py). Stored first, exp's result is opaque to the division.
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) e[i] = specfleet_vec::exp(-S::load(gate[i]));
+    for (int64_t i = 0; i < d; ++i) e[i] = specfleet_vec::exp(-widen(gate[i]));
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) o[i] = S::store(S::round(S::load(gate[i]) / (1.f + e[i])) * S::load(up[i]));
+    for (int64_t i = 0; i < d; ++i) o[i] = narrow<T>(round_to<T>(widen(gate[i]) / (1.f + e[i])) * widen(up[i]));
   });
 }
 
@@ -168,8 +142,8 @@ void silu_rows(const torch::Tensor& x, int64_t rows, int64_t d, torch::Tensor& o
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   if (!contiguous_as(x, x.scalar_type()) || !contiguous_as(weight, x.scalar_type())) return rms_norm_aten(x, weight, eps);
   auto out = torch::empty_like(x);
-  if (x.scalar_type() == torch::kFloat) rms_rows<F32>(x, weight, eps, out);
-  else rms_rows<BF16>(x, weight, eps, out);
+  if (x.scalar_type() == torch::kFloat) rms_rows<float>(x, weight, eps, out);
+  else rms_rows<uint16_t>(x, weight, eps, out);
   return out;
 }
 
@@ -182,8 +156,8 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Te
     return {sum, rms_norm_aten(sum, weight, eps)};
   }
   auto sum = torch::empty_like(x), normed = torch::empty_like(x);
-  if (dtype == torch::kFloat) add_rms_rows<F32>(x, residual, weight, eps, sum, normed);
-  else add_rms_rows<BF16>(x, residual, weight, eps, sum, normed);
+  if (dtype == torch::kFloat) add_rms_rows<float>(x, residual, weight, eps, sum, normed);
+  else add_rms_rows<uint16_t>(x, residual, weight, eps, sum, normed);
   return {sum, normed};
 }
 
@@ -197,8 +171,8 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
   auto sizes = x.sizes().vec();
   sizes.back() = d;
   auto out = torch::empty(sizes, x.options());
-  if (x.scalar_type() == torch::kFloat) silu_rows<F32>(x, rows, d, out);
-  else silu_rows<BF16>(x, rows, d, out);
+  if (x.scalar_type() == torch::kFloat) silu_rows<float>(x, rows, d, out);
+  else silu_rows<uint16_t>(x, rows, d, out);
   return out;
 }
 
@@ -211,11 +185,11 @@ std::tuple<torch::Tensor, torch::Tensor> rotary(torch::Tensor q, torch::Tensor k
     return {q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin};
   auto q_out = torch::empty(q.sizes(), q.options()), k_out = torch::empty(k.sizes(), k.options());
   if (dtype == torch::kFloat) {
-    rotate<F32>(q, cos, sin, q_out);
-    rotate<F32>(k, cos, sin, k_out);
+    rotate<float>(q, cos, sin, q_out);
+    rotate<float>(k, cos, sin, k_out);
   } else {
-    rotate<BF16>(q, cos, sin, q_out);
-    rotate<BF16>(k, cos, sin, k_out);
+    rotate<uint16_t>(q, cos, sin, q_out);
+    rotate<uint16_t>(k, cos, sin, k_out);
   }
   return {q_out, k_out};
 }

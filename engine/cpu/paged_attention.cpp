@@ -50,7 +50,7 @@ constexpr bool kVectorCache = std::is_same_v<T, float> || std::is_same_v<T, c10:
 inline void prefetch(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b, 0, 2);
 }
-constexpr int64_t kAhead = 16;   // keys; of 4-128 tried on one Zen 4 host, 8-16 ran fastest (within its noise)
+constexpr int64_t kAhead = 16;   // keys ahead; chosen by ad hoc timing on one Zen 4 host
 
 struct Shape {
   int64_t num_seqs, query_len, q_heads, kv_heads, head_dim, block_size, table_stride;

@@ -19,7 +19,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
 #include "vec_math.h"
@@ -30,6 +29,8 @@
 namespace specfleet_prefill {
 
 using specfleet_vec::load8;
+using specfleet_vec::narrow;
+using specfleet_vec::widen;
 using specfleet_vec::v8f;
 
 constexpr int64_t TILE = 16;         // query tokens per work item
@@ -44,15 +45,6 @@ struct Shape {
 };
 
 inline int64_t steps_of(int64_t keys) { return (keys + KEYS - 1) / KEYS; }
-
-// Elements are float, or bfloat16 held as uint16_t: widened on load, rounded to nearest even on store.
-inline float widen(float x) { return x; }
-inline float widen(uint16_t x) { return specfleet_vec::bf16_to_float(x); }
-template <typename T>
-inline T narrow(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return specfleet_vec::float_to_bf16(x);
-}
 
 // kt[x * KEYS + j] = key (first + j)'s element x, for the slab of keys [first, first + KEYS) of KV head
 // `kv`; past the context the last key is repeated (finite, and never weighted).

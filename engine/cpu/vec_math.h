@@ -56,14 +56,27 @@ inline uint16_t float_to_bf16(float f) {
   return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// The kernels' element types: float, or bfloat16 as uint16_t. `widen` reads one as a float, `narrow<T>`
+// stores a float as one, `round_to<T>` is the float a T can hold (what a torch op in T rounds to).
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return bf16_to_float(x); }
+template <typename T>
+inline T narrow(float x) {
+  if constexpr (sizeof(T) == sizeof(float)) return x;
+  else return float_to_bf16(x);
+}
+template <typename T>
+inline float round_to(float x) { return widen(narrow<T>(x)); }
+
 // sum of x[i]^2 in eight interleaved partial sums, which the compiler keeps in one vector register.
-inline float sum_squares(const float* x, int64_t n) {
+template <typename T>
+inline float sum_squares(const T* x, int64_t n) {
   float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) part[j] += x[i + j] * x[i + j];
+    for (int j = 0; j < 8; ++j) part[j] += widen(x[i + j]) * widen(x[i + j]);
   float total = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-  for (; i < n; ++i) total += x[i] * x[i];
+  for (; i < n; ++i) total += widen(x[i]) * widen(x[i]);
   return total;
 }
 

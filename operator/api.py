@@ -186,6 +186,9 @@ def parse_spec(raw: Mapping[str, Any]) -> InferenceServiceSpec:
     return spec
 
 
+FP8_RULE = "model.dtype fp8 needs runtime.engine vllm: the specfleet engine serves bfloat16, float16 and float32"
+
+
 def cross_field_errors(spec: InferenceServiceSpec) -> list[str]:
     """The CRD's CEL rules, in Python."""
     errors = []
@@ -202,6 +205,8 @@ def cross_field_errors(spec: InferenceServiceSpec) -> list[str]:
         errors.append("speculation: promptLookupMin must not exceed promptLookupMax")
     if spec.model.source.startswith("builtin:") and spec.model.source != "builtin:smollm2-135m":
         errors.append("model.source: the only builtin model is builtin:smollm2-135m")
+    if spec.model.dtype == "fp8" and spec.runtime.engine != "vllm":
+        errors.append(FP8_RULE)
     return errors
 
 

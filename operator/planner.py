@@ -129,6 +129,10 @@ def _profile(spec: InferenceServiceSpec, profiles: ProfileCatalog) -> tuple[Prof
     entry = profiles.lookup(spec.model, spec.accelerator.type)
     if entry is None:
         return None, planned_source(None)
+    if entry.cost is not None and entry.cost.dtype not in ("", spec.model.dtype):
+        # the engine runs the declared dtype (render passes it), so a profile of another one is not its cost
+        return None, planned_source(None, f"profile {entry.name} was measured in {entry.cost.dtype}; "
+                                          f"spec.model.dtype is {spec.model.dtype}")
     return entry.cost, planned_source(entry.cost, entry.error)
 
 

@@ -171,8 +171,8 @@ def specfleet_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, dr
     """`specfleet engine serve` flags: docs/design.md, plus the TTFT target (deadline-ordered admission) and the
     ITL target, which with it decides whether a served request counts as meeting the SLO (the error budget)."""
     args = ["--model", model.arg, "--served-model-name", spec.model.name, "--port", str(PORT),
-            "--block-size", str(plan.block_size), "--num-kv-blocks", str(plan.kv_cache_blocks),
-            "--max-num-seqs", str(plan.max_num_seqs),
+            "--dtype", spec.model.dtype, "--block-size", str(plan.block_size),
+            "--num-kv-blocks", str(plan.kv_cache_blocks), "--max-num-seqs", str(plan.max_num_seqs),
             "--max-num-batched-tokens", str(plan.max_num_batched_tokens), "--enable-prefix-caching",
             "--ttft-deadline-ms", f"{spec.slo.ttft_p99_ms:g}", "--itl-target-ms", f"{spec.slo.itl_p99_ms:g}",
             "--drain-timeout", f"{DRAIN_SECONDS - DRAIN_MARGIN_SECONDS}"]
@@ -203,7 +203,7 @@ def vllm_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: 
             "--tensor-parallel-size", str(plan.tensor_parallel_size), "--max-num-seqs", str(plan.max_num_seqs),
             "--max-num-batched-tokens", str(plan.max_num_batched_tokens),
             "--gpu-memory-utilization", f"{plan.gpu_memory_utilization:.2f}",
-            "--block-size", str(plan.block_size), "--enable-prefix-caching"]
+            "--block-size", str(plan.block_size), "--enable-prefix-caching", *vllm_dtype_args(spec.model.dtype)]
     args += ["--revision", model.revision] if model.revision else []
     sp = plan.speculation
     if sp.enabled and sp.k > 0:
@@ -216,6 +216,12 @@ def vllm_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: 
             config = {"model": draft.arg, "num_speculative_tokens": sp.k}
         args += ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
     return args
+
+
+def vllm_dtype_args(dtype: str) -> list[str]:
+    """The declared dtype as vLLM takes it: fp8 is a quantization of weights and KV cache (the plan sizes
+    both at one byte), the others are `--dtype`."""
+    return ["--quantization", "fp8", "--kv-cache-dtype", "fp8"] if dtype == "fp8" else ["--dtype", dtype]
 
 
 def model_mount(model: ModelRef, role: str, vllm: bool) -> ModelMount:

@@ -62,6 +62,7 @@ class ProfileCost:
     fit_error: float = 0.0               # the profile's own relative RMS over the points of the fits used
     num_points: int = 0
     refused: str = ""                    # fits left out for their error, and what prices those steps instead
+    dtype: str = ""                      # what the engine ran while measured ("": not recorded)
     decode_scale: float = 1.0            # online: observed / profile for plain (decode and mixed) steps
     verify_scale: float = 1.0            # online: the same for speculative steps
 
@@ -108,7 +109,7 @@ def profile_cost(profile: Profile, name: str) -> ProfileCost:
                f"decode fit: {', '.join(noisy)}"
                if noisy else "")
     return ProfileCost(name, decode, fits.get("verify"), fits.get("prefill"), fit_error=error, num_points=points,
-                       refused=refused)
+                       refused=refused, dtype=profile.dtype)
 
 
 def planned_source(cost: ProfileCost | None, reason: str = "") -> CostSource:

@@ -31,6 +31,7 @@ def test_a_minimal_spec_gets_the_crd_defaults():
     ({"slo": {"ttftP99Ms": 500, "itlP99Ms": 50, "objective": 0}}, "spec.slo.objective: 0 is outside (0, 1)"),
     ({"mode": "DryRun"}, "spec.mode: 'DryRun' is not one of Serving, PlanOnly"),
     ({"model": {"name": "m", "source": "builtin:gpt-5"}}, "only builtin model"),
+    ({"model": {"name": "m", "source": "builtin:smollm2-135m", "dtype": "fp8"}}, "fp8 needs runtime.engine vllm"),
     ({"slo": {"ttftP99Ms": 500, "itlP99Ms": 50, "maxContextTokens": 100, "promptTokens": 90,
               "outputTokens": 20}}, "must not exceed maxContextTokens"),
 ])

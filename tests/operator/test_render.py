@@ -30,6 +30,7 @@ def test_specfleet_args_are_exactly_the_engine_contract(make_spec, gpus, models)
     assert container["command"] == ["specfleet", "engine", "serve"]
     flags = _flags(container["args"])
     assert flags == {"--model": "/models/model", "--served-model-name": "m", "--port": "8000", "--block-size": "16",
+                     "--dtype": "bfloat16",             # what the plan sized weights and KV cache by
                      "--num-kv-blocks": str(plan.kv_cache_blocks), "--max-num-seqs": str(plan.max_num_seqs),
                      "--max-num-batched-tokens": str(plan.max_num_batched_tokens), "--enable-prefix-caching": None,
                      "--ttft-deadline-ms": "1000",     # beyond docs/design.md §3: the SLO's TTFT for deadline admission
@@ -89,6 +90,18 @@ def test_vllm_gets_its_image_tp_and_speculative_config(make_spec, gpus, models):
     assert flags["--tensor-parallel-size"] == "2" and flags["--gpu-memory-utilization"] == "0.90"
     assert json.loads(flags["--speculative-config"]) == {"method": "ngram", "num_speculative_tokens": plan.speculation.k,
                                                          "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def test_both_runtimes_run_the_declared_dtype(make_spec, gpus, models):
+    def args_of(dtype, engine="specfleet"):
+        _, _, (deploy, _, _) = _render(make_spec, gpus, models, runtime={"engine": engine},
+                                       model={"name": "m", "source": "builtin:smollm2-135m", "dtype": dtype},
+                                       accelerator={"type": "cpu"}, slo={"itlP99Ms": 200, "ttftP99Ms": 3000})
+        return _flags(deploy["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+
+    assert args_of("float32")["--dtype"] == "float32" and args_of("bfloat16", "vllm")["--dtype"] == "bfloat16"
+    fp8 = args_of("fp8", "vllm")
+    assert "--dtype" not in fp8 and fp8["--quantization"] == "fp8" and fp8["--kv-cache-dtype"] == "fp8"
 
 
 def test_the_ngram_match_bounds_reach_the_engine_only_when_declared(make_spec, gpus, models):

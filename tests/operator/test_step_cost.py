@@ -13,7 +13,7 @@ from specfleet.operator import perfmodel as pm
 from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, read_catalog
 from specfleet.operator.step_cost import ObservedStep, fit_error, profile_cost, refine
 
-CPU = {"model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m"}, "accelerator": {"type": "cpu", "count": 1},
+CPU = {"model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m", "dtype": "float32"}, "accelerator": {"type": "cpu", "count": 1},
        "runtime": {"engine": "specfleet"},
        "slo": {"ttftP99Ms": 2000, "itlP99Ms": 200, "maxContextTokens": 2048, "promptTokens": 256,
                "outputTokens": 128, "requestsPerSecond": 0.3},
@@ -52,7 +52,7 @@ def test_a_gpu_entry_without_a_profile_plans_exactly_as_before(make_spec, gpus, 
 
 
 def test_a_profile_is_found_by_the_model_source_when_the_name_differs(make_spec, gpus, models):
-    spec = make_spec(**{**CPU, "model": {"name": "chat", "source": "builtin:smollm2-135m"}})
+    spec = make_spec(**{**CPU, "model": {**CPU["model"], "name": "chat"}})
     assert planner.plan(spec, gpus, models, cpu_catalog()).calibration.source == "profile"
 
 
@@ -61,6 +61,14 @@ def test_the_packaged_catalogue_reads_a_profile_file(tmp_path, make_spec, gpus, 
     catalog = read_catalog(tmp_path)
     result = planner.plan(make_spec(**CPU), gpus, models, catalog)
     assert result.profile == cpu_cost()
+
+
+def test_a_profile_measured_in_another_dtype_is_not_the_cost_of_the_declared_one(make_spec, gpus, models):
+    bf16 = make_spec(**{**CPU, "model": {**CPU["model"], "dtype": "bfloat16"}})
+    result = planner.plan(bf16, gpus, models, cpu_catalog())
+    assert result.profile is None and result.calibration.source == "roofline"
+    assert result.calibration.reason == "profile smollm2-135m--cpu was measured in float32; spec.model.dtype is bfloat16"
+    assert result == replace(planner.plan(bf16, gpus, models), calibration=result.calibration)
 
 
 @pytest.mark.parametrize("text, says", [("{not json", "unusable"), ('{"version": 9}', "version 9"),

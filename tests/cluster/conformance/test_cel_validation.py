@@ -53,6 +53,15 @@ def test_the_ngram_bounds_rule_sees_the_defaulted_bound(http, isvc_crd):
     assert http.post(ISVCS, isvc(speculation={"promptLookupMin": 1, "promptLookupMax": 3}))[0] == 201
 
 
+def test_the_fp8_rule_reads_the_defaulted_runtime(http, isvc_crd):
+    fp8 = {"name": "m", "source": "builtin:smollm2-135m", "dtype": "fp8"}
+    code, body = http.post(ISVCS, isvc(model=fp8))          # runtime.engine defaults to specfleet
+    assert code == 422 and causes(body) == [("spec", "FieldValueInvalid", "Invalid value: model.dtype fp8 needs "
+                                             "runtime.engine vllm: the specfleet engine serves bfloat16, float16 "
+                                             "and float32")]
+    assert http.post(ISVCS, isvc(model=fp8, runtime={"engine": "vllm"}))[0] == 201
+
+
 def test_blocking_schema_error_skips_cel_and_says_so(http, isvc_crd):
     spec = isvc(accelerator={"count": 100})["spec"]
     spec["slo"]["ttftP99Ms"] = "fast"

@@ -20,7 +20,7 @@
    per-repeat medians, and this tree / against.
 
     .venv/bin/python benchmarks/cpu_decode_ops.py [--against 6e173fe] [--batches 1 4 8] [--repeats 3]
-        [--steps 60] [--engine-flags] [--json benchmarks/results/cpu_decode_ops.json]
+        [--steps 60] [--engine-flags] [--dtype float32|bfloat16] [--json benchmarks/results/cpu_decode_ops.json]
 
 `--against`'s sources are built with the flags the engine used up to 6e173fe, or with `--engine-flags`
 with this tree's (for a baseline from after -fno-trapping-math came in).
@@ -136,7 +136,7 @@ def build_against(commit: str, cflags: list[str] | None = None):
                        extra_cflags=cflags, extra_ldflags=["-fopenmp"])
 
 
-def child(commit: str, batch: int, steps: int, cflags: list[str] | None) -> None:
+def child(commit: str, batch: int, steps: int, cflags: list[str] | None, dtype: str = "float32") -> None:
     """One repeat in this process: prints {mode: median step ms, "limits": {shape: rows}}."""
     import random
     import threading
@@ -152,7 +152,7 @@ def child(commit: str, batch: int, steps: int, cflags: list[str] | None) -> None
     from specfleet.engine.sampling_params import SamplingParams
     from specfleet.engine.server.serve import load_off_the_main_thread
 
-    config = EngineConfig(model=str(ensure_builtin("smollm2-135m")), dtype="float32", num_kv_blocks=64 * batch + 64)
+    config = EngineConfig(model=str(ensure_builtin("smollm2-135m")), dtype=dtype, num_kv_blocks=64 * batch + 64)
     engine, against = load_off_the_main_thread(lambda: (LLMEngine(config), build_against(commit, cflags)))
     model, current = engine.runner.model, load_kernel()
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
@@ -199,6 +199,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60, help="steps per mode and repeat")
     parser.add_argument("--engine-flags", action="store_true", help="build --against with this tree's flags")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the engine's dtype in the decode steps (the single calls stay float32)")
     parser.add_argument("--json", type=Path, default=RESULTS / "cpu_decode_ops.json")
     parser.add_argument("--child", nargs=2, metavar=("COMMIT", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -206,7 +208,7 @@ def main() -> None:
 
     cflags = list(CFLAGS) if args.engine_flags else None
     if args.child:
-        child(args.child[0], int(args.child[1]), args.steps, cflags)
+        child(args.child[0], int(args.child[1]), args.steps, cflags, args.dtype)
         return
     from rich.console import Console
     from rich.progress import track
@@ -233,10 +235,11 @@ def main() -> None:
     jobs = [(repeat, batch) for repeat in range(args.repeats) for batch in args.batches]
     for repeat, batch in track(jobs, description="decode steps", console=console):
         command = [sys.executable, __file__, "--child", args.against, str(batch), "--steps", str(args.steps),
+                   "--dtype", args.dtype,
                    *(["--engine-flags"] if args.engine_flags else [])]
         done = subprocess.run(command, capture_output=True, text=True, check=True, cwd="/")
         runs[batch].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    steps = Table(title=f"SmolLM2 decode step ms, 256-token prompts: median (min-max) over {args.repeats} repeats")
+    steps = Table(title=f"SmolLM2 decode step ms, {args.dtype}, 256-token prompts: median (min-max) over {args.repeats} repeats")
     for column in ("batch", *MODES, "this tree / against", "this tree / prior rule"):
         steps.add_column(column)
     summary = {}

@@ -23,23 +23,8 @@
 #ifdef SPECFLEET_VEC8
 namespace {
 
+using specfleet_vec::dot8_rows;
 using specfleet_vec::v8f;
-
-// the R input rows x[r * k, ...] dotted with the 8 weight rows w[j] (float, or bfloat16 as its bits):
-// out[r] lane j
-template <int R, typename W>
-inline void dot8_rows(const float* x, int64_t k, const W* const* w, v8f* out) {
-  v8f acc[R][8] = {};
-  for (int64_t i = 0; i < k; i += 8) {
-    v8f xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = specfleet_vec::load8(x + r * k + i);
-    for (int j = 0; j < 8; ++j) {
-      const v8f wv = specfleet_vec::load8(w[j] + i);
-      for (int r = 0; r < R; ++r) acc[r][j] += xv[r] * wv;
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = specfleet_vec::reduce8(acc[r]);
-}
 
 #ifdef __AVX512BF16__
 // bfloat16 input rows against bfloat16 weight rows (k a multiple of 32) with AVX512-BF16's pairwise dot

@@ -34,9 +34,17 @@ inline void axpy(float w, const T* v, float* out, int64_t d) {
 }
 
 #ifdef SPECFLEET_VEC8
-using specfleet_vec::dot8;
+using specfleet_vec::dot8_rows;
 using specfleet_vec::load8;
 using specfleet_vec::v8f;
+#endif
+
+// With 32 vector registers (AVX-512) the sums of three query rows fit at once (a 64-wide head's values,
+// or 8 keys' dot products), with 16 one.
+#ifdef __AVX512F__
+constexpr int kRowsPerPass = 3;
+#else
+constexpr int kRowsPerPass = 1;
 #endif
 
 // The cache element the vector paths read: float as is, bfloat16 as its 16 bits (`vec_math.h` widens them).
@@ -61,6 +69,23 @@ struct Shape {
 // Row r = token i * q_heads + head reads KV head (head / group) and sees keys [0, ctx - query_len + i].
 inline int64_t visible_keys(const Shape& s, int64_t r, int64_t ctx) { return ctx - s.query_len + r / s.q_heads + 1; }
 
+#ifdef SPECFLEET_VEC8
+// scores[r * stride, + 8) = q_r . keys[0..8) for the rows [first, first + n) of one KV head, kRowsPerPass
+// rows at a time, so that each key vector is loaded (and widened) once for them all.
+template <typename K>
+void score_rows(const float* qf, const K* const* keys, int64_t first, int64_t n, int64_t d, float* scores,
+                int64_t stride) {
+  for (int64_t r0 = first; r0 < first + n; r0 += kRowsPerPass) {
+    const int64_t m = std::min<int64_t>(kRowsPerPass, first + n - r0);
+    v8f sc[kRowsPerPass];
+    if (m == 3) dot8_rows<kRowsPerPass < 3 ? 1 : 3>(qf + r0 * d, d, keys, sc);
+    else if (m == 2) dot8_rows<kRowsPerPass < 2 ? 1 : 2>(qf + r0 * d, d, keys, sc);
+    else dot8_rows<1>(qf + r0 * d, d, keys, sc);
+    for (int64_t i = 0; i < m; ++i) __builtin_memcpy(scores + (r0 + i) * stride, &sc[i], sizeof sc[i]);
+  }
+}
+#endif
+
 // scores[r * stride + pos] = q_r . k_pos for every row and key [0, ctx); `slots[pos]` is where key pos's
 // heads start in the cache, `offsets[r]` where row r's KV head sits among them. Keys past a row's causal
 // limit get a score too, which the softmax never reads.
@@ -77,11 +102,10 @@ void score_keys(const Shape& s, const float* qf, const T* k_cache, const int64_t
         for (int j = 0; j < 8; ++j) slot_keys[j] = cache + slots[std::min(first + j, ctx - 1)];
         for (int64_t j = first + kAhead; j < std::min(first + kAhead + 8, ctx); ++j)
           prefetch(cache + slots[j], s.kv_heads * d * sizeof(Stored<T>));
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t r = 0; r < rows; r += s.group()) {   // a query token's rows of one KV head: the same keys
           const Stored<T>* keys[8];
           for (int j = 0; j < 8; ++j) keys[j] = slot_keys[j] + offsets[r];
-          const v8f sc = dot8(qf + r * d, keys, d);
-          __builtin_memcpy(scores + r * stride + first, &sc, sizeof sc);
+          score_rows(qf, keys, r, s.group(), d, scores + first, stride);
         }
       }
       return;
@@ -111,13 +135,6 @@ void weighted_sum(const float* const* w, const V* v_cache, const int64_t* slots,
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) __builtin_memcpy(out[r] + 8 * c, &acc[r][c], sizeof acc[r][c]);
 }
-
-// With 32 vector registers (AVX-512) the sums of three rows of a 64-wide head fit at once, with 16 one.
-#ifdef __AVX512F__
-constexpr int kRowsPerPass = 3;
-#else
-constexpr int kRowsPerPass = 1;
-#endif
 
 // The rows [first, first + n) of one query token and KV head over keys [begin, end), kRowsPerPass at a time.
 template <int C, typename V>

@@ -113,16 +113,21 @@ inline v8f reduce8(const v8f* acc) {
          __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-// q . rows[j] for 8 rows at once (d a multiple of 8; rows float or bfloat16): eight independent
+// The R rows x[r * k, r * k + k) dotted with the 8 rows w[j] (float or bfloat16; k a multiple of 8):
+// out[r] lane j. Each w vector is loaded (and widened) once for all R rows; the 8R independent
 // accumulators keep the FMA units busy, and `reduce8` sums them.
-template <typename K>
-inline v8f dot8(const float* q, const K* const* rows, int64_t d) {
-  v8f acc[8] = {};
-  for (int64_t x = 0; x < d; x += 8) {
-    const v8f qv = load8(q + x);
-    for (int j = 0; j < 8; ++j) acc[j] += qv * load8(rows[j] + x);
+template <int R, typename W>
+inline void dot8_rows(const float* x, int64_t k, const W* const* w, v8f* out) {
+  v8f acc[R][8] = {};
+  for (int64_t i = 0; i < k; i += 8) {
+    v8f xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = load8(x + r * k + i);
+    for (int j = 0; j < 8; ++j) {
+      const v8f wv = load8(w[j] + i);
+      for (int r = 0; r < R; ++r) acc[r][j] += xv[r] * wv;
+    }
   }
-  return reduce8(acc);
+  for (int r = 0; r < R; ++r) out[r] = reduce8(acc[r]);
 }
 #endif
 

@@ -1,12 +1,13 @@
 """Offline throughput: specfleet vs transformers static batching vs vLLM's CPU backend, one run.
 
-Same machine, same random-weight Llama (hidden 512, 4 layers, 8/4 heads, vocab 8192, fp32), same
+Same machine, same random-weight Llama (hidden 512, 4 layers, 8/4 heads, vocab 8192, fp32 unless `--dtype`), same
 workload (64 requests, prompt and output lengths uniform in [16, 256], token ids, greedy, ignore EOS).
 Each engine runs `--repeats` times, the order of the engines alternating between repeats (each run a
 fresh engine; vLLM's start-up excluded); the table gives the median output tokens/s with the min-max,
 and specfleet / engine ratios of the medians. Writes benchmarks/results/engine_throughput.json.
 vLLM runs only where its CPU build is installed in its own venv (see docs/benchmarks.md):
     python benchmarks/engine_throughput.py [--repeats 3] [--vllm-python /tmp/vllm-peer/bin/python] [--model smollm2-135m]
+        [--dtype float32|bfloat16]
 `--output-len 1` with `--min-len 256 --max-len 256` times prefill alone (each request's one token is its
 prefill's). `--model` runs the same workload on a model folder or the built-in real SmolLM2-135M instead (token ids
 drawn from its vocabulary) and writes engine_throughput_<name>.json.
@@ -39,10 +40,10 @@ def workload(n: int, lo: int, hi: int, vocab: int, seed: int = 0,
     return [(torch.randint(10, vocab, (p,), generator=gen).tolist(), o) for p, o in zip(prompt_lens, output_lens)]
 
 
-def run_specfleet(model: str, work) -> dict:
+def run_specfleet(model: str, work, dtype: str = "float32") -> dict:
     from specfleet.engine import LLM, SamplingParams
 
-    llm = LLM(model, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
+    llm = LLM(model, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048, dtype=dtype)
     llm.generate([[11, 12, 13]], SamplingParams(max_tokens=4))                    # warm-up
     waste = KvWasteMeter(llm.engine)
     llm.engine.step_listeners.append(waste)
@@ -73,10 +74,10 @@ class KvWasteMeter:
         return self.unused / max(1, self.allocated)
 
 
-def run_transformers(model: str, work, batch: int = 16) -> dict:
+def run_transformers(model: str, work, batch: int = 16, dtype: str = "float32") -> dict:
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
     hf.generation_config.eos_token_id = None
     with torch.inference_mode():                                                   # warm-up, as the others
         hf.generate(torch.tensor([[11, 12, 13]]), max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -99,9 +100,9 @@ import json, sys, time
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 if __name__ == "__main__":
-    model, work_file = sys.argv[1], sys.argv[2]
+    model, work_file, dtype = sys.argv[1], sys.argv[2], sys.argv[3]
     work = json.load(open(work_file))
-    llm = LLM(model=model, dtype="float32", max_num_seqs=64, max_num_batched_tokens=2048, seed=0)
+    llm = LLM(model=model, dtype=dtype, max_num_seqs=64, max_num_batched_tokens=2048, seed=0)
     llm.generate([TokensPrompt(prompt_token_ids=[11, 12, 13])], SamplingParams(max_tokens=4))
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in work]
     start = time.perf_counter()
@@ -112,7 +113,7 @@ if __name__ == "__main__":
 """
 
 
-def run_vllm(python: str, model: str, work, threads: int) -> dict | None:
+def run_vllm(python: str, model: str, work, threads: int, dtype: str = "float32") -> dict | None:
     if not Path(python).exists():
         return None
     tmp = RESULTS / "vllm_work.tmp"
@@ -123,7 +124,7 @@ def run_vllm(python: str, model: str, work, threads: int) -> dict | None:
     iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
-    proc = subprocess.run([python, "-c", VLLM_SCRIPT, str(Path(model).resolve()), str(tmp.resolve())], env=env,
+    proc = subprocess.run([python, "-c", VLLM_SCRIPT, str(Path(model).resolve()), str(tmp.resolve()), dtype], env=env,
                           capture_output=True, text=True)
     tmp.unlink(missing_ok=True)
     for line in proc.stdout.splitlines():
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model folder or built-in name (default: the random Llama)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; 1 avoids OpenMP stalls when other processes share the cores")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="every engine's dtype")
     args = parser.parse_args()
     import torch
     torch.set_num_threads(args.threads)
@@ -157,10 +159,10 @@ def main() -> None:
     console = Console()
     model, vocab_size, out_name = _model(args.model)
     work = workload(args.num_requests, args.min_len, args.max_len, vocab_size, output_len=args.output_len)
-    engines = {"specfleet": lambda: run_specfleet(model, work)}
+    engines = {"specfleet": lambda: run_specfleet(model, work, args.dtype)}
     if not args.skip_transformers:
-        engines["transformers_static16"] = lambda: run_transformers(model, work)
-    engines["vllm_cpu"] = lambda: run_vllm(args.vllm_python, model, work, args.threads)
+        engines["transformers_static16"] = lambda: run_transformers(model, work, dtype=args.dtype)
+    engines["vllm_cpu"] = lambda: run_vllm(args.vllm_python, model, work, args.threads, args.dtype)
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     for repeat in range(args.repeats):
         for name, run in (list(engines.items()) if repeat % 2 == 0 else list(engines.items())[::-1]):
@@ -172,7 +174,7 @@ def main() -> None:
     prompt_tokens = sum(len(p) for p, _ in work)
     prompt_rates = {name: [prompt_tokens / r["seconds"] for r in rs] for name, rs in runs.items() if rs}
     ours = statistics.median(rates["specfleet"])
-    table = Table(title=f"{args.num_requests} requests, lengths {args.min_len}-{args.max_len}, greedy, fp32, "
+    table = Table(title=f"{args.num_requests} requests, lengths {args.min_len}-{args.max_len}, greedy, {args.dtype}, "
                         f"{torch.get_num_threads()} threads, {args.repeats} alternating repeats")
     for col in ("engine", "output tok/s median (min-max)", "specfleet / engine"):
         table.add_column(col, justify="right")

@@ -129,11 +129,13 @@ def greedy_over_http(c: Contender, prompts: list[str], max_tokens: int) -> dict[
 
 
 def offline_greedy(model: str, prompts: list[str], max_tokens: int, dtype: str = "float32") -> list[str]:
+    """Each prompt generated alone, as the servers get them (one request at a time): in bf16 a GEMM rounds
+    by how many rows it has, so a prompt batched with the others may pick other tokens."""
     from specfleet.engine import LLM, SamplingParams
 
     llm = LLM(model, dtype=dtype, num_kv_blocks=256)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-    return [o.text for o in outs]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [llm.generate([p], params)[0].text for p in prompts]
 
 
 def check_equality(model: str, contenders: list[Contender], max_tokens: int, dtype: str = "float32") -> dict:

@@ -8,7 +8,8 @@ repeats alternating which goes first; each run's steps are the lines its log gai
 decode-only steps (median ms by batch), mixed steps (prompt tokens and ms, in order), the sums, and the
 client's throughput, TTFT and TPOT. The table gives the median and min-max over repeats, ours / vLLM.
 
-    .venv/bin/python benchmarks/serving_steps.py [--concurrency 32] [--repeats 3] [--json results/serving_steps.json]
+    .venv/bin/python benchmarks/serving_steps.py [--concurrency 32] [--repeats 3] [--dtype float32|bfloat16]
+        [--json results/serving_steps.json]
 """
 from __future__ import annotations
 
@@ -62,10 +63,10 @@ class Traced:
             return self.parse(f.read())
 
 
-def start_both(model: str, vllm: Path, logdir: Path) -> list[Traced]:
+def start_both(model: str, vllm: Path, logdir: Path, dtype: str = "float32") -> list[Traced]:
     steps = logdir / "specfleet-steps.jsonl"
-    ours = Traced(start_specfleet(model, logdir, ("--log-steps", str(steps))), steps, ours_steps)
-    peer = start_vllm(vllm, model, logdir, ("--enable-logging-iteration-details",))
+    ours = Traced(start_specfleet(model, logdir, ("--log-steps", str(steps)), dtype), steps, ours_steps)
+    peer = start_vllm(vllm, model, logdir, ("--enable-logging-iteration-details",), dtype)
     return [ours, Traced(peer, peer.log, vllm_steps)]
 
 
@@ -114,12 +115,13 @@ def main() -> None:
     parser.add_argument("--prompts-per-slot", type=int, default=2)
     parser.add_argument("--vllm", type=Path, default=Path("/tmp/vllm-peer"))
     parser.add_argument("--json", type=Path, default=RESULTS / "serving_steps.json")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both servers' dtype")
     args = parser.parse_args()
 
     model = str(ensure_builtin(NAME))
     tokenizer = load_tokenizer(model)
     logdir = Path(tempfile.mkdtemp(prefix="serving-steps-"))
-    contenders = start_both(model, args.vllm, logdir)
+    contenders = start_both(model, args.vllm, logdir, args.dtype)
     runs: dict[str, list[dict]] = {t.contender.name: [] for t in contenders}
     try:
         for t in contenders:

@@ -239,7 +239,8 @@ def main() -> None:
                    *(["--engine-flags"] if args.engine_flags else [])]
         done = subprocess.run(command, capture_output=True, text=True, check=True, cwd="/")
         runs[batch].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    steps = Table(title=f"SmolLM2 decode step ms, {args.dtype}, 256-token prompts: median (min-max) over {args.repeats} repeats")
+    steps = Table(title=f"SmolLM2 decode step ms, {args.dtype}, 256-token prompts: "
+                        f"median (min-max) over {args.repeats} repeats")
     for column in ("batch", *MODES, "this tree / against", "this tree / prior rule"):
         steps.add_column(column)
     summary = {}

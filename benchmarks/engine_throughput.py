@@ -1,6 +1,6 @@
 """Offline throughput: specfleet vs transformers static batching vs vLLM's CPU backend, one run.
 
-Same machine, same random-weight Llama (hidden 512, 4 layers, 8/4 heads, vocab 8192, fp32 unless `--dtype`), same
+Same machine, same random-weight Llama (hidden 512, 4 layers, 8/4 heads, vocab 8192), fp32 unless `--dtype`, same
 workload (64 requests, prompt and output lengths uniform in [16, 256], token ids, greedy, ignore EOS).
 Each engine runs `--repeats` times, the order of the engines alternating between repeats (each run a
 fresh engine; vLLM's start-up excluded); the table gives the median output tokens/s with the min-max,

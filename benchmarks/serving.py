@@ -13,6 +13,9 @@ own venv (docs/benchmarks.md); without it, only specfleet is measured.
     .venv/bin/python benchmarks/serving.py [--concurrency 1 8 32] [--endpoints completions chat] [--repeats 3]
         [--random-input-len 256] [--random-output-len 128] [--prompts-per-slot 2] [--vllm /tmp/vllm-peer]
 
+`--equality-servers N [--dtype D]` instead runs only the equality check, against N fresh servers of ours in
+turn, and writes benchmarks/results/serving_equality_<dtype>.json.
+
 `--profile-batches 1 8 32` instead breaks one decode step down (offline engine, same model, 256-token
 contexts): model forward, LM head, sampling (greedy and top-p), detokenization, the rest of the step
 (scheduling, inputs, bookkeeping), and the decoder's elementwise steps fused vs as separate torch ops,
@@ -146,6 +149,22 @@ def check_equality(model: str, contenders: list[Contender], max_tokens: int, dty
         report[c.name] = {"equal_whole": got["whole"] == offline, "equal_streamed": got["streamed"] == offline,
                           "matching_prompts": sum(a == b for a, b in zip(got["whole"], offline)), **got}
     return report
+
+
+def equality_in_fresh_servers(model: str, servers: int, max_tokens: int, dtype: str) -> list[dict]:
+    """`check_equality` against `servers` fresh servers of ours in turn: each process measures its few-row
+    linears' row limits at load, so two processes may run the same rows on different kernels."""
+    out = []
+    for i in range(servers):
+        c = start_specfleet(model, Path(tempfile.mkdtemp(prefix="serving-equality-")), dtype=dtype)
+        try:
+            wait_ready(c, 180)
+            report = check_equality(model, [c], max_tokens, dtype)["specfleet"]
+        finally:
+            c.stop()
+        out.append({k: report[k] for k in ("matching_prompts", "equal_whole", "equal_streamed")})
+        print(f"server {i}: {out[-1]}", flush=True)
+    return out
 
 
 # ---- the timed runs --------------------------------------------------------------------------------
@@ -318,9 +337,19 @@ def main() -> None:
     parser.add_argument("--profile-batches", type=int, nargs="*", default=None,
                         help="break a decode step down at these batch sizes instead of serving")
     parser.add_argument("--profile-repeats", type=int, default=15)
+    parser.add_argument("--equality-servers", type=int, default=0,
+                        help="instead of serving: the equality check against this many fresh servers of ours")
     args = parser.parse_args()
 
     model = str(ensure_builtin(NAME))
+    if args.equality_servers:
+        servers = equality_in_fresh_servers(model, args.equality_servers, args.equality_tokens, args.dtype)
+        path = args.json or RESULTS / f"serving_equality_{args.dtype}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"config": {"dtype": args.dtype, "equality_tokens": args.equality_tokens,
+                                               "prompts": EQUALITY_PROMPTS}, "servers": servers}, indent=2) + "\n")
+        print(f"wrote {path}")
+        return
     if args.profile_batches:
         profiles = []
         for batch in args.profile_batches:

@@ -5,8 +5,8 @@
 // (GQA) and query tokens at once. Work items are sequences, spread over torch's intra-op threads.
 // Arithmetic is fp32 whatever the cache dtype; float32 and bfloat16 caches take the vector paths
 // (bfloat16 widened as it is loaded, so the cache is half the bytes to read). The keys a step reads
-// are asked for 16 keys ahead of use (`prefetch`): at batch 32 a step reads ~0.4 GB of fp32 K/V
-// scattered in 12 KB blocks, and without it the kernel waited on memory most of the time.
+// are asked for 16 keys ahead of use (`prefetch`): SmolLM2 at batch 32 and 256-token contexts reads
+// ~0.2 GB of fp32 K/V per step, scattered in 12 KB blocks that the hardware prefetchers stop at.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 

@@ -6,8 +6,9 @@
    oneDNN, `F.linear` and `linear_small`.
    Linear layers of SmolLM2 (fp32, hot cache) at 1-32 rows: oneDNN-packed GEMM
    (`torch.ops.mkldnn._linear_pointwise`) vs the extension's `linear_small`, median microseconds. (Which
-   one a served step takes is measured when the model loads, cold, over all its layers: the steps' JSON
-   records those row limits per shape.)
+   one a served step takes is measured cold, over all its layers, when a model first loads on a machine,
+   and kept in the cache for every later load (`engine/cpu/row_limits.py`): the steps' JSON records
+   those row limits per shape.)
 2. Whole decode steps (`LLMEngine.step`, greedy, 256-token prompts) at each batch, four modes in one
    process, interleaved two steps at a time so the machine's drift hits all of them:
    - `against`: the C++ extension (paged attention, fused elementwise steps) built from `--against`'s
@@ -15,7 +16,8 @@
    - `packed only`: this tree's extension, every linear on the packed GEMM;
    - `prior rule`: this tree's extension, `linear_small` up to `small_rows_limit`'s fixed rows (what
      d5a67da did: 8 rows, 4 for 1,536 inputs);
-   - `this tree`: this tree's extension, `linear_small` up to the row limits measured at load.
+   - `this tree`: this tree's extension, `linear_small` up to the machine's row limits (measured by the first
+     load, then read from the cache).
    Each repeat is a fresh process; the table gives the median step over repeats with the min-max of the
    per-repeat medians, and this tree / against.
 
@@ -252,7 +254,7 @@ def main() -> None:
                       f"{s['this tree']['median'] / s['against']['median']:.2f}",
                       f"{s['this tree']['median'] / s['prior rule']['median']:.2f}")
     console.print(steps)
-    console.print(f"row limits measured at load, per repeat: {[r['limits'] for r in runs[args.batches[0]]]}")
+    console.print(f"row limits (the machine's, from the cache), per repeat: {[r['limits'] for r in runs[args.batches[0]]]}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {"config": vars(args) | {"json": str(args.json)}, "single_calls": calls, "linears": linears,
               "steps": summary, "runs": runs}

@@ -152,8 +152,9 @@ def check_equality(model: str, contenders: list[Contender], max_tokens: int, dty
 
 
 def equality_in_fresh_servers(model: str, servers: int, max_tokens: int, dtype: str) -> list[dict]:
-    """`check_equality` against `servers` fresh servers of ours in turn: each process measures its few-row
-    linears' row limits at load, so two processes may run the same rows on different kernels."""
+    """`check_equality` against `servers` fresh servers of ours in turn: what one process decides at load
+    (its few-row linears' row limits, which a timing chose per process before they were kept per
+    machine) may differ from the offline reference's."""
     out = []
     for i in range(servers):
         c = start_specfleet(model, Path(tempfile.mkdtemp(prefix="serving-equality-")), dtype=dtype)

@@ -95,10 +95,10 @@ def kernel_build_dir() -> Path:
 
     python = f"py{sys.version_info[0]}{sys.version_info[1]}"
     install = hashlib.sha1(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:8]
-    return cache_root() / "kernels" / f"cpu_attention-torch{torch.__version__}-{install}-{python}-{_cpu_tag()}"
+    return cache_root() / "kernels" / f"cpu_attention-torch{torch.__version__}-{install}-{python}-{cpu_tag()}"
 
 
-def _cpu_tag() -> str:
+def cpu_tag() -> str:
     """A short fingerprint of the CPU model and its instruction-set flags."""
     try:
         info = Path("/proc/cpuinfo").read_text()

@@ -7,7 +7,8 @@ are packed (bf16 runs oneDNN's AVX512-BF16 / AMX kernels where the CPU has them)
 call outweighs the arithmetic, so those go to the extension's `linear_small` over the plain weight, which
 is kept for it. Up to how many rows that pays differs by CPU and by shape (on one 2-core EPYC it was 8
 rows for most of SmolLM2's shapes, on another 2 to 4), so `calibrate_small_rows` times both on the
-model's own weights when it loads (`benchmarks/cpu_decode_ops.py` measures the effect on whole steps).
+model's own weights when it loads (`benchmarks/cpu_decode_ops.py` measures the effect on whole steps),
+once per machine: `RowLimitStore` keeps what it measured for every later process.
 """
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ import logging
 import statistics
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 
 import torch
 from torch import nn
+
+from specfleet.engine.cpu.row_limits import RowLimitStore
 
 log = logging.getLogger(__name__)
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)
@@ -76,22 +80,33 @@ def pack_linears(model: nn.Module, kernel=None) -> int:
     return swapped
 
 
-def calibrate_small_rows(model: nn.Module) -> dict[tuple[int, int], int]:
+def calibrate_small_rows(model: nn.Module, store: RowLimitStore | None = None) -> dict[tuple[int, int], int]:
     """Sets each `PackedLinear`'s row limit to what its shape measures on this CPU (`small_rows_limit`
-    before); returns {(in_features, out_features): limit}. Layers of one shape share one measurement."""
-    by_shape: dict[tuple[int, int], list[PackedLinear]] = defaultdict(list)
+    before); returns {(in_features, out_features): limit}. Layers of one shape share one measurement. With
+    a `store`, shapes it holds are not timed again and those measured are added to it."""
+    by_shape: dict[tuple[int, int, torch.dtype], list[PackedLinear]] = defaultdict(list)
     for module in model.modules():
         if isinstance(module, PackedLinear) and module.kernel is not None:
-            by_shape[(module.in_features, module.out_features)].append(module)
-    limits, start = {}, time.perf_counter()
-    with torch.inference_mode():
+            by_shape[(module.in_features, module.out_features, module.weight.dtype)].append(module)
+    if not by_shape:
+        return {}
+    start = time.perf_counter()
+    with store.locked() if store else nullcontext():
+        known = store.load() if store else {}
+        measured = {}
         for shape, linears in by_shape.items():
-            limits[shape] = measured_small_rows(cold_subset(linears))
+            key = RowLimitStore.key(*shape)
+            if key not in known:
+                with torch.inference_mode():
+                    measured[key] = measured_small_rows(cold_subset(linears))
             for linear in linears:
-                linear.small_rows = limits[shape]
-    if limits:
-        shown = ", ".join(f"{i}->{o}: {n}" for (i, o), n in limits.items())
-        log.info("few-row linear limits measured in %.1f s: %s", time.perf_counter() - start, shown)
+                linear.small_rows = measured.get(key, known.get(key))
+        if store and measured:
+            store.save(known | measured)
+    limits = {(i, o): linears[0].small_rows for (i, o, _), linears in by_shape.items()}
+    shown = ", ".join(f"{i}->{o}: {n}" for (i, o), n in limits.items())
+    source = f"measured in {time.perf_counter() - start:.1f} s" if measured else f"read from {store.path}"
+    log.info("few-row linear limits %s: %s", source, shown)
     return limits
 
 

@@ -14,6 +14,7 @@ from specfleet.engine.attention import TorchPagedAttention
 from specfleet.engine.cpu import attention as cpu_attention
 from specfleet.engine.cpu import linear as cpu_linear
 from specfleet.engine.cpu.linear import PackedLinear, calibrate_small_rows, pack_linears
+from specfleet.engine.cpu.row_limits import RowLimitStore
 from specfleet.engine.model.llama import TorchElementwise
 from testkit import build_step
 
@@ -179,6 +180,36 @@ def test_calibration_sets_each_shape_to_the_most_rows_where_linear_small_measure
     assert limits == {(16, 8): 4, (16, 24): 2}                 # 1, 2, 4 ms < 6 ms < 8 ms; 1, 2 < 3 < 4
     assert [m.small_rows for m in model[:3]] == [4, 4, 2]
     assert model[3].small_rows == cpu_linear.small_rows_limit(16)
+
+
+def test_a_store_keeps_the_measured_limits_so_a_later_load_reads_them_without_timing(tmp_path):
+    store = RowLimitStore(tmp_path / "limits.json")
+    first = nn.ModuleList([Timed(nn.Linear(16, 8), gemm_ms=6), Timed(nn.Linear(16, 24), gemm_ms=3)])
+    assert calibrate_small_rows(first, store) == {(16, 8): 4, (16, 24): 2}
+    assert store.load() == {"float32:16x8": 4, "float32:16x24": 2}
+    # a second process on the machine times other limits (gemm now 1.5 ms: 1 row only), yet reads the first's
+    later = nn.ModuleList([Timed(nn.Linear(16, 8), gemm_ms=1.5), Timed(nn.Linear(16, 40), gemm_ms=1.5)])
+    assert calibrate_small_rows(later, store) == {(16, 8): 4, (16, 40): 1}     # 16x40 is new: measured, kept
+    assert store.load() == {"float32:16x8": 4, "float32:16x24": 2, "float32:16x40": 1}
+
+
+def test_an_unreadable_store_is_measured_again_and_rewritten(tmp_path):
+    store = RowLimitStore(tmp_path / "limits.json")
+    store.path.write_text("{not json")
+    assert calibrate_small_rows(nn.ModuleList([Timed(nn.Linear(16, 8), gemm_ms=6)]), store) == {(16, 8): 4}
+    assert store.load() == {"float32:16x8": 4}
+
+
+def test_engine_loads_read_the_machine_store(tiny_llama, tmp_path, monkeypatch):
+    """What makes a server and an offline LLM on one host run the same rows on the same kernels."""
+    store = RowLimitStore(tmp_path / "limits.json")
+    monkeypatch.setattr(RowLimitStore, "for_this_machine", classmethod(lambda cls: store))
+    LLM(tiny_llama, num_kv_blocks=32)
+    assert store.load()
+    store.save({key: 3 for key in store.load()})            # limits no timing gives: 3 is not a candidate
+    llm = LLM(tiny_llama, num_kv_blocks=32)
+    linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert linears and {m.small_rows for m in linears} == {3}
 
 
 def test_calibration_times_a_shape_over_enough_layers_to_be_cold_and_no_more(monkeypatch):

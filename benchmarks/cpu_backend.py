@@ -24,8 +24,8 @@ LINEARS = {"qkv 512->1024": (512, 1024), "gate_up 512->2816": (512, 2816), "down
            "lm_head 512->8192": (512, 8192)}
 
 
-def median_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
+def median_ms(fn, reps: int = 20, warmups: int = 3) -> float:
+    for _ in range(warmups):
         fn()
     times = []
     for _ in range(reps):
@@ -33,6 +33,15 @@ def median_ms(fn, reps: int = 20) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def alternating_rounds(calls: dict, rounds: int, reps: int, warmups: int = 5) -> dict[str, list[float]]:
+    """{name: one `median_ms` per round} for each callable, alternating which goes first from round to round."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for i in range(rounds):
+        for name in list(calls) if i % 2 == 0 else list(calls)[::-1]:
+            times[name].append(median_ms(calls[name], reps, warmups))
+    return times
 
 
 def attention_rows(seqs: int) -> list[dict]:

@@ -18,7 +18,6 @@ import json
 import re
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -47,6 +46,7 @@ def build(rows: int, folder: Path):
 def measure(tokens: int, variants: list[int], rounds: int) -> dict:
     import torch
 
+    from cpu_backend import alternating_rounds    # benchmarks/cpu_backend.py
     from prefill_parts import layer_inputs      # benchmarks/prefill_parts.py: the same layer's inputs
 
     torch.manual_seed(0)
@@ -56,17 +56,7 @@ def measure(tokens: int, variants: list[int], rounds: int) -> dict:
 
         def call(r: int):
             return kernels[r](q, k_cache, v_cache, group.block_tables, group.context_lens, tokens, 0.125)
-        times: dict[int, list[float]] = {r: [] for r in variants}
-        for i in range(rounds):
-            for r in variants if i % 2 == 0 else variants[::-1]:
-                for _ in range(5):
-                    call(r)
-                calls = []
-                for _ in range(50):
-                    start = time.perf_counter()
-                    call(r)
-                    calls.append(time.perf_counter() - start)
-                times[r].append(statistics.median(calls) * 1e3)
+        times = alternating_rounds({r: (lambda r=r: call(r)) for r in variants}, rounds, reps=50)
         first = call(variants[0])
         diffs = {r: float((call(r) - first).abs().max()) for r in variants}
     return {str(r): {"ms_per_layer": times[r], "median_ms": statistics.median(times[r]), "max_abs_diff": diffs[r]}

@@ -1,5 +1,5 @@
 // Causal paged attention for prefill chunks on CPU (fp32 or bf16 as its bits, head_dim a multiple of 16;
-// arithmetic in fp32 either way).
+// sums in fp32 either way; bf16 with AVX512-BF16 multiplies in bf16 pairs, see `namespace bf16`).
 //
 // SDPA's CPU kernel scores every query against every key of the chunk and masks afterwards: a 256-token
 // prompt fits one of its key blocks, so the masked half is computed too. Here a work item is one
@@ -20,6 +20,10 @@
 
 #include <algorithm>
 #include <vector>
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
 
 #include "vec_math.h"
 
@@ -95,9 +99,20 @@ inline void add_weighted(float* acc, const float* p, int64_t stride, const T* co
 }
 
 // Row scores [0, visible) -> softmax numerators, [visible, padded) -> 0; returns the numerators' sum.
+// The scores are computed for whole slabs, so the row is taken to the slab's end in vector code and the
+// keys past `visible` are zeroed there (a scalar loop over a ragged tail cost as much as the vector part).
 inline float softmax_row(float* row, int64_t visible, int64_t padded) {
-  const float sum = specfleet_vec::softmax_numerators(row, visible);
-  std::fill(row + visible, row + padded, 0.f);
+  const int64_t slabs_end = steps_of(visible) * KEYS;
+  float top = -3.4e38f, sum = 0.f;
+#pragma omp simd reduction(max : top)
+  for (int64_t j = 0; j < slabs_end; ++j) top = j < visible && row[j] > top ? row[j] : top;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < slabs_end; ++j) {
+    const float e = specfleet_vec::exp(row[j] - top);
+    row[j] = j < visible ? e : 0.f;
+    sum += row[j];
+  }
+  std::fill(row + slabs_end, row + padded, 0.f);
   return sum;
 }
 
@@ -146,6 +161,140 @@ void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const T*
   }
 }
 
+#ifdef __AVX512BF16__
+// bf16 with AVX512-BF16: both products as pairwise dot products into float sums (`_mm512_dpbf16_ps`: each
+// 32-bit lane adds a0*b0 + a1*b1), one instruction per 16 keys or columns and two elements, where widening
+// to float first takes two FMAs and the conversions. So the keys are packed as pairs of a key's elements
+// ([step][d/2][KEYS] words) and the values as pairs of keys ([step][KEYS/2][d] words), once per (sequence,
+// KV head) as the float path transposes its keys; the softmax's numerators are rounded to bf16 for the
+// second product (as GPU flash attention rounds P), while their sum stays in float.
+namespace bf16 {
+
+constexpr int64_t PAIRS = KEYS / 2;   // key pairs per slab
+
+inline uint32_t word_at(const uint16_t* row, int64_t i) {   // elements i and i + 1, the first in the low half
+  uint32_t w;
+  __builtin_memcpy(&w, row + i, sizeof w);
+  return w;
+}
+
+inline const uint16_t* cache_row(const Shape& s, const uint16_t* cache, const int32_t* table, int64_t pos, int64_t kv) {
+  return cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * s.head_dim;
+}
+
+// kt[p * KEYS + j] = key (first + j)'s elements 2p, 2p + 1; vt[jp * d + x] = element x of values
+// (first + 2jp) and (first + 2jp + 1). Past the context the last key and value are repeated (never weighted).
+inline void pack_slab(const Shape& s, const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table,
+                      int64_t ctx, int64_t kv, int64_t first, uint32_t* kt, uint32_t* vt) {
+  const int64_t d = s.head_dim;
+  const uint16_t* keys[KEYS];
+  const uint16_t* values[KEYS];
+  for (int64_t j = 0; j < KEYS; ++j) {
+    const int64_t pos = std::min(first + j, ctx - 1);
+    keys[j] = cache_row(s, k_cache, table, pos, kv);
+    values[j] = cache_row(s, v_cache, table, pos, kv);
+  }
+  for (int64_t p = 0; p < d / 2; ++p)
+    for (int64_t j = 0; j < KEYS; ++j) kt[p * KEYS + j] = word_at(keys[j], 2 * p);
+  for (int64_t jp = 0; jp < PAIRS; ++jp)
+    for (int64_t x = 0; x < d; ++x)
+      vt[jp * d + x] = values[2 * jp][x] | static_cast<uint32_t>(values[2 * jp + 1][x]) << 16;
+}
+
+// s[r * stride + n * KEYS + j] = scale * q_r . key_j of slab n, for R rows and NS consecutive slabs (two
+// give 12 independent sums, enough to cover the instruction's latency)
+template <int NS>
+inline void score(const uint32_t* q, const uint32_t* kt, int64_t half, float* s, int64_t stride, float scale) {
+  __m512 acc[NS][R];
+  for (int n = 0; n < NS; ++n)
+    for (int r = 0; r < R; ++r) acc[n][r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < half; ++p) {
+    __m512i k[NS];
+    for (int n = 0; n < NS; ++n) k[n] = _mm512_loadu_si512(kt + (n * half + p) * KEYS);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qr = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * half + p]));
+      for (int n = 0; n < NS; ++n) acc[n][r] = _mm512_dpbf16_ps(acc[n][r], qr, (__m512bh)k[n]);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int n = 0; n < NS; ++n)
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * stride + n * KEYS, _mm512_mul_ps(acc[n][r], sc));
+}
+
+// acc[r][col, col + 16C) += sum over the slab's keys of p_r,j * value_j, for R rows; p holds each row's
+// numerators as bf16 pairs (`words` per row)
+template <int C>
+inline void add_weighted(float* acc, int64_t d, const uint32_t* p, int64_t words, const uint32_t* vt, int64_t col) {
+  __m512 sum[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) sum[r][c] = _mm512_loadu_ps(acc + r * d + col + 16 * c);
+  for (int64_t jp = 0; jp < PAIRS; ++jp) {
+    __m512i v[C];
+    for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_si512(vt + jp * d + col + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[r * words + jp]));
+      for (int c = 0; c < C; ++c) sum[r][c] = _mm512_dpbf16_ps(sum[r][c], w, (__m512bh)v[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + r * d + col + 16 * c, sum[r][c]);
+}
+
+struct Scratch {
+  std::vector<uint32_t> q;         // the tile's rows as element pairs
+  std::vector<uint16_t> p;         // the numerators rounded to bf16
+  specfleet_prefill::Scratch f;    // float accumulators, scores and sums
+};
+
+// As the float `attend_tile`, over packed slabs (`kt`, `vt`: steps_of(ctx) of each).
+inline void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const uint16_t* q, const uint32_t* kt,
+                        const uint32_t* vt, int64_t ctx, float scale, uint16_t* out, Scratch& w) {
+  const int64_t d = s.head_dim, half = d / 2, group = s.q_heads / s.kv_heads;
+  const int64_t first = tile * TILE, tokens = std::min(TILE, s.query_len - first), rows = tokens * group;
+  const int64_t padded_rows = (rows + R - 1) / R * R, offset = ctx - s.query_len;
+  const int64_t keys = offset + first + tokens, stride = steps_of(keys) * KEYS;
+  auto visible = [&](int64_t r) { return offset + first + std::min(r, rows - 1) / group + 1; };
+  w.q.assign(padded_rows * half, 0u);
+  w.f.acc.assign(padded_rows * d, 0.f);
+  w.f.scores.resize(padded_rows * stride);
+  w.f.sums.resize(padded_rows);
+  w.p.resize(padded_rows * stride);
+  for (int64_t r = 0; r < rows; ++r)
+    __builtin_memcpy(&w.q[r * half], q + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d,
+                     d * sizeof(uint16_t));
+  for (int64_t r0 = 0; r0 < padded_rows; r0 += R) {
+    const int64_t steps = steps_of(visible(r0 + R - 1));
+    float* scores = &w.f.scores[r0 * stride];
+    int64_t step = 0;
+    for (; step + 2 <= steps; step += 2) score<2>(&w.q[r0 * half], kt + step * half * KEYS, half, scores + step * KEYS, stride, scale);
+    if (step < steps) score<1>(&w.q[r0 * half], kt + step * half * KEYS, half, scores + step * KEYS, stride, scale);
+  }
+  for (int64_t r = 0; r < padded_rows; ++r) {
+    float* row = &w.f.scores[r * stride];
+    w.f.sums[r] = softmax_row(row, visible(r), stride);
+    for (int64_t j = 0; j < stride; j += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&w.p[r * stride + j]), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + j)));
+  }
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(w.p.data());
+  for (int64_t step = 0; step < steps_of(keys); ++step)
+    for (int64_t r0 = 0; r0 < padded_rows; r0 += R) {
+      if (visible(r0 + R - 1) <= step * KEYS) continue;
+      const uint32_t* rows_p = p + (r0 * stride + step * KEYS) / 2;
+      const uint32_t* slab = vt + step * PAIRS * d;
+      int64_t col = 0;
+      for (; col + 64 <= d; col += 64) add_weighted<4>(&w.f.acc[r0 * d], d, rows_p, stride / 2, slab, col);
+      for (; col < d; col += 16) add_weighted<1>(&w.f.acc[r0 * d], d, rows_p, stride / 2, slab, col);
+    }
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* dst = out + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
+    const float inv = 1.f / w.f.sums[r];
+    for (int64_t x = 0; x < d; ++x) dst[x] = narrow<uint16_t>(w.f.acc[r * d + x] * inv);
+  }
+}
+
+}  // namespace bf16
+#endif
+
 // Item i of n in an order whose every contiguous range holds as many late (costly) tiles as early ones:
 // 0, n-1, 1, n-2, ...
 inline int64_t balanced(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - i / 2; }
@@ -188,6 +337,42 @@ void run(const Shape& s, const torch::Tensor& q, const torch::Tensor& k_cache, c
   });
 }
 
+#ifdef __AVX512BF16__
+// The whole bf16 chunk: slabs packed, then the tiles (as `run`).
+inline void run_bf16(const Shape& s, const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                     const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale, torch::Tensor& out) {
+  const int64_t d = s.head_dim, query_len = s.query_len;
+  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr());
+  const auto* kp = reinterpret_cast<const uint16_t*>(k_cache.data_ptr());
+  const auto* vp = reinterpret_cast<const uint16_t*>(v_cache.data_ptr());
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* ctx = context_lens.data_ptr<int32_t>();
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  int64_t max_steps = 0;
+  for (int64_t seq = 0; seq < s.num_seqs; ++seq) max_steps = std::max(max_steps, steps_of(ctx[seq]));
+  const int64_t slab = d * KEYS / 2, per_head = max_steps * slab;     // words, for keys and for values
+  std::vector<uint32_t> kt(s.num_seqs * s.kv_heads * per_head), vt(kt.size());
+  at::parallel_for(0, s.num_seqs * s.kv_heads * max_steps, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t seq = i / (s.kv_heads * max_steps), kv = i / max_steps % s.kv_heads, step = i % max_steps;
+      const int64_t at = (seq * s.kv_heads + kv) * per_head + step * slab;
+      if (step < steps_of(ctx[seq]))
+        bf16::pack_slab(s, kp, vp, tables + seq * s.table_stride, ctx[seq], kv, step * KEYS, &kt[at], &vt[at]);
+    }
+  });
+  const int64_t tiles = (query_len + TILE - 1) / TILE, per_seq = s.kv_heads * tiles;
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, s.num_seqs * per_seq, 1, [&](int64_t begin, int64_t end) {
+    bf16::Scratch scratch;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t seq = i / per_seq, item = i % per_seq;
+      const int64_t tile = balanced(item / s.kv_heads, tiles), kv = item % s.kv_heads, at = (seq * s.kv_heads + kv) * per_head;
+      bf16::attend_tile(s, seq, kv, tile, qp, &kt[at], &vt[at], ctx[seq], sc, op, scratch);
+    }
+  });
+}
+#endif
+
 }  // namespace specfleet_prefill
 #endif
 
@@ -218,7 +403,11 @@ torch::Tensor paged_attention_prefill(torch::Tensor q, torch::Tensor k_cache, to
   TORCH_CHECK(s.q_heads % s.kv_heads == 0, "query heads must be a multiple of KV heads");
   auto out = torch::empty_like(q);
   if (dtype == torch::kFloat32) pf::run<float>(s, q, k_cache, v_cache, block_tables, context_lens, scale, out);
+#ifdef __AVX512BF16__
+  else pf::run_bf16(s, q, k_cache, v_cache, block_tables, context_lens, scale, out);
+#else
   else pf::run<uint16_t>(s, q, k_cache, v_cache, block_tables, context_lens, scale, out);
+#endif
   return out;
 #else
   return torch::empty({0});

@@ -66,14 +66,15 @@ def test_the_prefill_kernel_matches_the_torch_reference(query_lens, context_lens
         group.context_lens, group.query_len, 0.1).numel() > 0
     got = cpu_attention.CpuPagedAttention(head_dim ** -0.5)(q, k_cache, v_cache, meta)
     assert got.dtype == dtype
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2     # bf16 inputs, fp32 sums, one rounding at the end
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2     # bf16 inputs and P, fp32 sums
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-def test_no_key_a_query_cannot_see_reaches_its_output():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])     # bf16: slabs packed as element pairs
+def test_no_key_a_query_cannot_see_reaches_its_output(dtype):
     meta = build_step([40], [100], 16, num_blocks=16, device="cpu")
-    k_cache, v_cache = torch.randn(16, 16, 3, 64), torch.randn(16, 16, 3, 64)
-    q = torch.randn(40, 9, 64)
+    k_cache, v_cache = torch.randn(16, 16, 3, 64).to(dtype), torch.randn(16, 16, 3, 64).to(dtype)
+    q = torch.randn(40, 9, 64).to(dtype)
     group = meta.groups[0]
     prefill = cpu_attention.load_kernel().paged_attention_prefill
     before = prefill(q, k_cache, v_cache, group.block_tables, group.context_lens, 40, 0.125)

@@ -10,7 +10,7 @@ first. Reports, per server and concurrency, the median over repeats of the mean 
 and on the whole request, with the range.
 
     .venv/bin/python benchmarks/serving_gaps.py [--concurrency 1 8 32] [--repeats 3] [--no-vllm]
-        [--json benchmarks/results/serving_gaps.json]
+        [--endpoint completions|chat] [--dtype float32|bfloat16] [--json benchmarks/results/serving_gaps.json]
 """
 from __future__ import annotations
 
@@ -47,12 +47,13 @@ def server_histograms(base_url: str) -> dict[str, Histogram]:
     return out
 
 
-def one_run(c: serving.Contender, requests, concurrency: int) -> dict:
+def one_run(c: serving.Contender, requests, concurrency: int, endpoint: str = "completions") -> dict:
     from specfleet.cli.bench_cmds import LoadTarget, run_load
 
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     before = server_histograms(c.base_url)
-    results, _ = asyncio.run(run_load(LoadTarget(c.base_url, serving.NAME), requests, float("inf"), concurrency,
-                                      seed=0))
+    results, _ = asyncio.run(run_load(LoadTarget(c.base_url, serving.NAME, path), requests, float("inf"),
+                                      concurrency, seed=0))
     after = server_histograms(c.base_url)
     served = {name: after[name].minus(before[name]) for name in HISTOGRAMS}
     server_ttft, server_e2e = (served[name].sum / served[name].count * 1e3 for name in HISTOGRAMS)
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--random-input-len", type=int, default=256)
     parser.add_argument("--random-output-len", type=int, default=64)
     parser.add_argument("--prompts-per-slot", type=int, default=2)
+    parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both servers'")
     parser.add_argument("--vllm", type=Path, default=Path("/tmp/vllm-peer"))
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--json", type=Path, default=RESULTS / "serving_gaps.json")
@@ -82,9 +85,9 @@ def main() -> None:
 
     console, model = Console(), str(ensure_builtin(serving.NAME))
     logdir = Path(tempfile.mkdtemp(prefix="serving-gaps-"))
-    contenders = [serving.start_specfleet(model, logdir)]
+    contenders = [serving.start_specfleet(model, logdir, dtype=args.dtype)]
     if not args.no_vllm and (args.vllm / "bin" / "python").exists():
-        contenders.append(serving.start_vllm(args.vllm, model, logdir))
+        contenders.append(serving.start_vllm(args.vllm, model, logdir, dtype=args.dtype))
     runs: dict[str, list[dict]] = {}
     try:
         for c in contenders:
@@ -95,7 +98,7 @@ def main() -> None:
                 requests = random_requests(tokenizer, args.prompts_per_slot * concurrency, args.random_input_len,
                                            args.random_output_len, 0.0, seed=1000 * repeat + concurrency)
                 for c in (contenders if repeat % 2 == 0 else contenders[::-1]):
-                    run = one_run(c, requests, concurrency)
+                    run = one_run(c, requests, concurrency, args.endpoint)
                     runs.setdefault(f"{c.name}@{concurrency}", []).append(run)
                     console.print(f"repeat {repeat} c={concurrency} {c.name}: first-token gap "
                                   f"{run['ttft_gap_ms']:.0f} ms, whole-request gap {run['e2e_gap_ms']:.0f} ms")

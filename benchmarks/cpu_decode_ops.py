@@ -114,9 +114,10 @@ def single_calls(against) -> list[dict]:
     return [{"op": op, "impl": impl, "us": us} for op, impl, us in out]
 
 
-def build_against(commit: str, cflags: list[str] | None = None):
-    """The extension as `commit` had it: its paged_attention.cpp and fused_ops.cpp (vec_math.h inlined if
-    that commit has one), built under its own name beside this tree's with `cflags` (AGAINST_CFLAGS)."""
+def build_against(commit: str, cflags: list[str] | None = None,
+                  files: tuple[str, ...] = ("paged_attention.cpp", "fused_ops.cpp"), functions=OLD_FUNCTIONS):
+    """The extension as `commit` had it: its `files` of engine/cpu (vec_math.h inlined if that commit has
+    one) binding `functions`, built under its own name beside this tree's with `cflags` (AGAINST_CFLAGS)."""
     import hashlib
 
     from torch.utils.cpp_extension import load_inline
@@ -128,12 +129,12 @@ def build_against(commit: str, cflags: list[str] | None = None):
         return done.stdout if done.returncode == 0 else None
 
     header = show("engine/cpu/vec_math.h") or ""
-    sources = [inline_header(show(f"engine/cpu/{name}"), header) for name in ("paged_attention.cpp", "fused_ops.cpp")]
+    sources = [inline_header(show(f"engine/cpu/{name}"), header) for name in files]
     cflags = AGAINST_CFLAGS if cflags is None else cflags
-    tag = hashlib.sha1("".join(sources + cflags).encode()).hexdigest()[:10]
+    tag = hashlib.sha1("".join(sources + cflags + list(functions)).encode()).hexdigest()[:10]
     build_dir = kernel_build_dir().with_name(f"against-{tag}")
     build_dir.mkdir(parents=True, exist_ok=True)
-    return load_inline(name=f"specfleet_cpu_against_{tag}", cpp_sources=sources, functions=OLD_FUNCTIONS,
+    return load_inline(name=f"specfleet_cpu_against_{tag}", cpp_sources=sources, functions=list(functions),
                        build_directory=str(build_dir),
                        extra_cflags=cflags, extra_ldflags=["-fopenmp"])
 

@@ -13,61 +13,28 @@ against the torch reference computed in fp32 on the same (rounded) inputs.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
-import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
-
-
-def build_against(commit: str):
-    """`commit`'s paged_attention.cpp and prefill_attention.cpp (its vec_math.h inlined), built with this
-    tree's flags under a name of their own."""
-    from torch.utils.cpp_extension import load_inline
-
-    from specfleet.engine.cpu.attention import CFLAGS, inline_header, kernel_build_dir
-
-    def show(path: str) -> str:
-        return subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout
-
-    header = show("engine/cpu/vec_math.h")
-    sources = [inline_header(show(f"engine/cpu/{name}"), header) for name in ("paged_attention.cpp", "prefill_attention.cpp")]
-    tag = hashlib.sha1("".join(sources + CFLAGS).encode()).hexdigest()[:10]
-    build_dir = kernel_build_dir().with_name(f"prefill-against-{tag}")
-    build_dir.mkdir(parents=True, exist_ok=True)
-    return load_inline(name=f"specfleet_prefill_against_{tag}", cpp_sources=sources,
-                       functions=["paged_attention_prefill"], build_directory=str(build_dir),
-                       extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"]).paged_attention_prefill
-
-
-def step_inputs(seqs: int, tokens: int, dtype, block_size: int = 16):
-    """q, K/V caches and the attention group of one prefill step of `seqs` fresh prompts."""
-    import torch
-
-    from specfleet.engine.attention import build_metadata
-
-    blocks = -(-tokens // block_size)
-    tables = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(seqs)]
-    meta = build_metadata([tokens] * seqs, [tokens] * seqs, tables, block_size, "cpu")
-    gen = torch.Generator().manual_seed(0)
-    k_cache, v_cache = (torch.randn(seqs * blocks + 1, block_size, 3, 64, generator=gen).to(dtype) for _ in range(2))
-    return torch.randn(seqs * tokens, 9, 64, generator=gen).to(dtype), k_cache, v_cache, meta
 
 
 def measure(args) -> dict:
     import torch
 
     from cpu_backend import alternating_rounds      # benchmarks/cpu_backend.py
+    from cpu_decode_ops import build_against        # benchmarks/cpu_decode_ops.py
+    from prefill_parts import layer_inputs           # benchmarks/prefill_parts.py
     from specfleet.engine.attention import TorchPagedAttention
-    from specfleet.engine.cpu.attention import load_kernel
+    from specfleet.engine.cpu.attention import CFLAGS, load_kernel
 
-    q, k_cache, v_cache, meta = step_inputs(args.seqs, args.tokens, getattr(torch, args.dtype))
+    torch.manual_seed(0)
+    q, k_cache, v_cache, meta = layer_inputs(args.tokens, seqs=args.seqs, dtype=getattr(torch, args.dtype))
     group = meta.groups[0]
-    kernels = {"against": build_against(args.against), "this tree": load_kernel().paged_attention_prefill}
+    against = build_against(args.against, CFLAGS, ("paged_attention.cpp", "prefill_attention.cpp"),
+                            ["paged_attention_prefill"])
+    kernels = {"against": against.paged_attention_prefill, "this tree": load_kernel().paged_attention_prefill}
 
     def call(name: str):
         return kernels[name](q, k_cache, v_cache, group.block_tables, group.context_lens, args.tokens, 0.125)

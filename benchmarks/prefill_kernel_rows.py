@@ -50,7 +50,8 @@ def measure(tokens: int, variants: list[int], rounds: int) -> dict:
     from prefill_parts import layer_inputs      # benchmarks/prefill_parts.py: the same layer's inputs
 
     torch.manual_seed(0)
-    q, k_cache, v_cache, group = layer_inputs(tokens)
+    q, k_cache, v_cache, meta = layer_inputs(tokens)
+    group = meta.groups[0]
     with tempfile.TemporaryDirectory() as folder:
         kernels = {r: build(r, Path(folder)) for r in variants}
 

@@ -94,24 +94,27 @@ def attention(tokens: int) -> dict:
             "kernel_ms_per_layer": kernel, "prefill_kernel_ms": LAYERS * kernel}
 
 
-def layer_inputs(tokens: int, block_size: int = 16) -> tuple:
-    """One SmolLM2 layer's prefill attention inputs: (q, k_cache, v_cache, the attention group), random
-    K/V of `tokens` tokens in a paged cache."""
+def layer_inputs(tokens: int, block_size: int = 16, seqs: int = 1, dtype=None) -> tuple:
+    """One SmolLM2 layer's prefill attention inputs: (q, k_cache, v_cache, the step's attention metadata,
+    whose one group holds the prompts), random K/V of `seqs` fresh prompts of `tokens` tokens in a paged
+    cache of `dtype` (fp32 by default)."""
     import torch
 
     from specfleet.engine.attention import build_metadata
 
     blocks = -(-tokens // block_size)
-    group = build_metadata([tokens], [tokens], [list(range(1, blocks + 1))], block_size, "cpu").groups[0]
-    k_cache, v_cache = torch.randn(blocks + 1, block_size, 3, 64), torch.randn(blocks + 1, block_size, 3, 64)
-    return torch.randn(tokens, 9, 64), k_cache, v_cache, group
+    tables = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(seqs)]
+    meta = build_metadata([tokens] * seqs, [tokens] * seqs, tables, block_size, "cpu")
+    k_cache, v_cache = (torch.randn(seqs * blocks + 1, block_size, 3, 64).to(dtype or torch.float32) for _ in range(2))
+    return torch.randn(seqs * tokens, 9, 64).to(dtype or torch.float32), k_cache, v_cache, meta
 
 
 def kernel_attention(tokens: int) -> float:
     """The engine's prefill attention kernel over a paged cache holding the prompt's K/V."""
     from specfleet.engine.cpu.attention import load_kernel
 
-    q, k_cache, v_cache, group = layer_inputs(tokens)
+    q, k_cache, v_cache, meta = layer_inputs(tokens)
+    group = meta.groups[0]
     prefill = load_kernel().paged_attention_prefill
     return median_ms(lambda: prefill(q, k_cache, v_cache, group.block_tables, group.context_lens, tokens, 0.125), 50)
 

@@ -152,9 +152,9 @@ def check_equality(model: str, contenders: list[Contender], max_tokens: int, dty
 
 
 def equality_in_fresh_servers(model: str, servers: int, max_tokens: int, dtype: str) -> list[dict]:
-    """`check_equality` against `servers` fresh servers of ours in turn: what one process decides at load
-    (its few-row linears' row limits, which a timing chose per process before they were kept per
-    machine) may differ from the offline reference's."""
+    """`check_equality` against `servers` fresh servers of ours in turn: each is a process of its own, so
+    what it decides at load (the few-row linears' row limits, `engine/cpu/row_limits.py`) must agree with
+    the offline reference's for the tokens to."""
     out = []
     for i in range(servers):
         c = start_specfleet(model, Path(tempfile.mkdtemp(prefix="serving-equality-")), dtype=dtype)

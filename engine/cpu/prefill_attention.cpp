@@ -100,7 +100,8 @@ inline void add_weighted(float* acc, const float* p, int64_t stride, const T* co
 
 // Row scores [0, visible) -> softmax numerators, [visible, padded) -> 0; returns the numerators' sum.
 // The scores are computed for whole slabs, so the row is taken to the slab's end in vector code and the
-// keys past `visible` are zeroed there (a scalar loop over a ragged tail cost as much as the vector part).
+// keys past `visible` are zeroed there: with vec_math's softmax over [0, visible), whose ragged tail is a
+// scalar loop, the bf16 kernel took 1.04-1.08x the time (docs/benchmarks.md, "Prefill attention in bf16 pairs").
 inline float softmax_row(float* row, int64_t visible, int64_t padded) {
   const int64_t slabs_end = steps_of(visible) * KEYS;
   float top = -3.4e38f, sum = 0.f;
@@ -299,77 +300,82 @@ inline void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, c
 // 0, n-1, 1, n-2, ...
 inline int64_t balanced(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - i / 2; }
 
-// The whole chunk: keys transposed, then the tiles, for elements of type T.
+// The chunk's tensors as pointers to elements of type T.
 template <typename T>
-void run(const Shape& s, const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-         const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale, torch::Tensor& out) {
-  namespace pf = specfleet_prefill;
-  const int64_t d = s.head_dim, query_len = s.query_len;
-  const T* qp = reinterpret_cast<const T*>(q.data_ptr());
-  const T* kp = reinterpret_cast<const T*>(k_cache.data_ptr());
-  const T* vp = reinterpret_cast<const T*>(v_cache.data_ptr());
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* ctx = context_lens.data_ptr<int32_t>();
-  T* op = reinterpret_cast<T*>(out.data_ptr());
-  // the transposed keys of every (sequence, KV head), slab by slab: [seq][kv][step][d][KEYS]
-  int64_t max_steps = 0;
-  for (int64_t seq = 0; seq < s.num_seqs; ++seq) max_steps = std::max(max_steps, pf::steps_of(ctx[seq]));
-  const int64_t slab = d * pf::KEYS, per_head = max_steps * slab;
-  std::vector<float> kt(s.num_seqs * s.kv_heads * per_head);
+struct Chunk {
+  const T *q, *k_cache, *v_cache;
+  const int32_t *tables, *ctx;
+  T* out;
+  Chunk(const torch::Tensor& q_, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& block_tables,
+        const torch::Tensor& context_lens, torch::Tensor& out_)
+      : q(reinterpret_cast<const T*>(q_.data_ptr())), k_cache(reinterpret_cast<const T*>(k.data_ptr())),
+        v_cache(reinterpret_cast<const T*>(v.data_ptr())), tables(block_tables.data_ptr<int32_t>()),
+        ctx(context_lens.data_ptr<int32_t>()), out(reinterpret_cast<T*>(out_.data_ptr())) {}
+};
+
+inline int64_t max_steps_of(const Shape& s, const int32_t* ctx) {
+  int64_t steps = 0;
+  for (int64_t seq = 0; seq < s.num_seqs; ++seq) steps = std::max(steps, steps_of(ctx[seq]));
+  return steps;
+}
+
+// The chunk in two parallel passes: `pack(seq, kv, step)` for each key slab of each (sequence, KV head)
+// its context reaches, then `attend(seq, kv, tile, scratch)` for each work item, in the `balanced` order,
+// with one Scratch per thread.
+template <typename Scratch, typename Pack, typename Attend>
+void slabs_then_tiles(const Shape& s, const int32_t* ctx, int64_t max_steps, const Pack& pack, const Attend& attend) {
   at::parallel_for(0, s.num_seqs * s.kv_heads * max_steps, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t seq = i / (s.kv_heads * max_steps), kv = i / max_steps % s.kv_heads, step = i % max_steps;
-      if (step < pf::steps_of(ctx[seq]))
-        pf::transpose_slab(s, kp, tables + seq * s.table_stride, ctx[seq], kv, step * pf::KEYS,
-                           kt.data() + (seq * s.kv_heads + kv) * per_head + step * slab);
+      if (step < steps_of(ctx[seq])) pack(seq, kv, step);
     }
   });
-  const int64_t tiles = (query_len + pf::TILE - 1) / pf::TILE, per_seq = s.kv_heads * tiles;
-  const float sc = static_cast<float>(scale);
+  const int64_t tiles = (s.query_len + TILE - 1) / TILE, per_seq = s.kv_heads * tiles;
   at::parallel_for(0, s.num_seqs * per_seq, 1, [&](int64_t begin, int64_t end) {
-    pf::Scratch scratch;
+    Scratch scratch;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t seq = i / per_seq, item = i % per_seq;
-      const int64_t tile = pf::balanced(item / s.kv_heads, tiles), kv = item % s.kv_heads;
-      pf::attend_tile(s, seq, kv, tile, qp, kt.data() + (seq * s.kv_heads + kv) * per_head, vp,
-                      tables + seq * s.table_stride, ctx[seq], sc, op, scratch);
+      attend(seq, item % s.kv_heads, balanced(item / s.kv_heads, tiles), scratch);
     }
   });
 }
 
-#ifdef __AVX512BF16__
-// The whole bf16 chunk: slabs packed, then the tiles (as `run`).
-inline void run_bf16(const Shape& s, const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                     const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale, torch::Tensor& out) {
-  const int64_t d = s.head_dim, query_len = s.query_len;
-  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr());
-  const auto* kp = reinterpret_cast<const uint16_t*>(k_cache.data_ptr());
-  const auto* vp = reinterpret_cast<const uint16_t*>(v_cache.data_ptr());
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* ctx = context_lens.data_ptr<int32_t>();
-  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
-  int64_t max_steps = 0;
-  for (int64_t seq = 0; seq < s.num_seqs; ++seq) max_steps = std::max(max_steps, steps_of(ctx[seq]));
-  const int64_t slab = d * KEYS / 2, per_head = max_steps * slab;     // words, for keys and for values
-  std::vector<uint32_t> kt(s.num_seqs * s.kv_heads * per_head), vt(kt.size());
-  at::parallel_for(0, s.num_seqs * s.kv_heads * max_steps, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t seq = i / (s.kv_heads * max_steps), kv = i / max_steps % s.kv_heads, step = i % max_steps;
-      const int64_t at = (seq * s.kv_heads + kv) * per_head + step * slab;
-      if (step < steps_of(ctx[seq]))
-        bf16::pack_slab(s, kp, vp, tables + seq * s.table_stride, ctx[seq], kv, step * KEYS, &kt[at], &vt[at]);
-    }
-  });
-  const int64_t tiles = (query_len + TILE - 1) / TILE, per_seq = s.kv_heads * tiles;
+// The whole chunk for elements of type T: the keys of every (sequence, KV head) transposed slab by slab
+// ([seq][kv][step][d][KEYS]), then the tiles.
+template <typename T>
+void run(const Shape& s, const Chunk<T>& c, double scale) {
+  const int64_t max_steps = max_steps_of(s, c.ctx), slab = s.head_dim * KEYS, per_head = max_steps * slab;
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, s.num_seqs * per_seq, 1, [&](int64_t begin, int64_t end) {
-    bf16::Scratch scratch;
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t seq = i / per_seq, item = i % per_seq;
-      const int64_t tile = balanced(item / s.kv_heads, tiles), kv = item % s.kv_heads, at = (seq * s.kv_heads + kv) * per_head;
-      bf16::attend_tile(s, seq, kv, tile, qp, &kt[at], &vt[at], ctx[seq], sc, op, scratch);
-    }
-  });
+  std::vector<float> kt(s.num_seqs * s.kv_heads * per_head);
+  slabs_then_tiles<Scratch>(
+      s, c.ctx, max_steps,
+      [&](int64_t seq, int64_t kv, int64_t step) {
+        transpose_slab(s, c.k_cache, c.tables + seq * s.table_stride, c.ctx[seq], kv, step * KEYS,
+                       kt.data() + (seq * s.kv_heads + kv) * per_head + step * slab);
+      },
+      [&](int64_t seq, int64_t kv, int64_t tile, Scratch& scratch) {
+        attend_tile(s, seq, kv, tile, c.q, kt.data() + (seq * s.kv_heads + kv) * per_head, c.v_cache,
+                    c.tables + seq * s.table_stride, c.ctx[seq], sc, c.out, scratch);
+      });
+}
+
+#ifdef __AVX512BF16__
+// The whole bf16 chunk: keys and values packed slab by slab (`bf16::pack_slab`), then the tiles.
+inline void run_bf16(const Shape& s, const Chunk<uint16_t>& c, double scale) {
+  const int64_t max_steps = max_steps_of(s, c.ctx), slab = s.head_dim * KEYS / 2, per_head = max_steps * slab;
+  const float sc = static_cast<float>(scale);
+  std::vector<uint32_t> kt(s.num_seqs * s.kv_heads * per_head), vt(kt.size());     // words, as bf16 pairs
+  slabs_then_tiles<bf16::Scratch>(
+      s, c.ctx, max_steps,
+      [&](int64_t seq, int64_t kv, int64_t step) {
+        const int64_t at = (seq * s.kv_heads + kv) * per_head + step * slab;
+        bf16::pack_slab(s, c.k_cache, c.v_cache, c.tables + seq * s.table_stride, c.ctx[seq], kv, step * KEYS,
+                        &kt[at], &vt[at]);
+      },
+      [&](int64_t seq, int64_t kv, int64_t tile, bf16::Scratch& scratch) {
+        const int64_t at = (seq * s.kv_heads + kv) * per_head;
+        bf16::attend_tile(s, seq, kv, tile, c.q, &kt[at], &vt[at], c.ctx[seq], sc, c.out, scratch);
+      });
 }
 #endif
 
@@ -402,12 +408,16 @@ torch::Tensor paged_attention_prefill(torch::Tensor q, torch::Tensor k_cache, to
   TORCH_CHECK(q.size(0) == s.num_seqs * query_len, "q rows must be num_seqs * query_len");
   TORCH_CHECK(s.q_heads % s.kv_heads == 0, "query heads must be a multiple of KV heads");
   auto out = torch::empty_like(q);
-  if (dtype == torch::kFloat32) pf::run<float>(s, q, k_cache, v_cache, block_tables, context_lens, scale, out);
+  if (dtype == torch::kFloat32) {
+    pf::run(s, pf::Chunk<float>(q, k_cache, v_cache, block_tables, context_lens, out), scale);
+  } else {
+    const pf::Chunk<uint16_t> chunk(q, k_cache, v_cache, block_tables, context_lens, out);
 #ifdef __AVX512BF16__
-  else pf::run_bf16(s, q, k_cache, v_cache, block_tables, context_lens, scale, out);
+    pf::run_bf16(s, chunk, scale);
 #else
-  else pf::run<uint16_t>(s, q, k_cache, v_cache, block_tables, context_lens, scale, out);
+    pf::run(s, chunk, scale);
 #endif
+  }
   return out;
 #else
   return torch::empty({0});

@@ -141,18 +141,11 @@ def build_against(commit: str, cflags: list[str] | None = None,
 
 def child(commit: str, batch: int, steps: int, cflags: list[str] | None, dtype: str = "float32") -> None:
     """One repeat in this process: prints {mode: median step ms, "limits": {shape: rows}}."""
-    import random
-    import threading
-    import time
-
-    import torch
-
     from specfleet.engine.builtin import ensure_builtin
     from specfleet.engine.config import EngineConfig
     from specfleet.engine.cpu.attention import load_kernel
     from specfleet.engine.cpu.linear import PackedLinear, small_rows_limit
     from specfleet.engine.engine import LLMEngine
-    from specfleet.engine.sampling_params import SamplingParams
     from specfleet.engine.server.serve import load_off_the_main_thread
 
     config = EngineConfig(model=str(ensure_builtin("smollm2-135m")), dtype=dtype, num_kv_blocks=64 * batch + 64)
@@ -170,18 +163,34 @@ def child(commit: str, batch: int, steps: int, cflags: list[str] | None, dtype: 
             linear.kernel = current if mode in ("prior rule", "this tree") else None
             linear.small_rows = limit if mode == "this tree" else small_rows_limit(linear.in_features)
 
+    times = interleaved_steps(engine, batch, steps, MODES, use)
+    limits = {f"{m.in_features}->{m.out_features}": limit for m, limit in zip(linears, measured)}
+    print(json.dumps({mode: statistics.median(t) for mode, t in times.items()} | {"limits": limits}))
+
+
+def interleaved_steps(engine, batch: int, steps: int, modes: tuple[str, ...], use) -> dict[str, list[float]]:
+    """{mode: step ms}: `batch` greedy requests of 256-token prompts, 6 warm-up steps, then `steps` per mode,
+    switching mode (`use(mode)`) every two steps so the machine's drift hits all of them."""
+    import random
+    import threading
+    import time
+
+    import torch
+
+    from specfleet.engine.sampling_params import SamplingParams
+
     rng = random.Random(batch)
     for i in range(batch):
         engine.add_request(f"r{i}", [rng.randrange(1000, 40000) for _ in range(256)],
                            SamplingParams(temperature=0, max_tokens=10**6, ignore_eos=True))
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
 
     def run() -> None:
         with torch.inference_mode():
             for _ in range(6):
                 engine.step()
-            for i in range(steps * len(MODES)):
-                mode = MODES[(i // 2) % len(MODES)]
+            for i in range(steps * len(modes)):
+                mode = modes[(i // 2) % len(modes)]
                 use(mode)
                 start = time.perf_counter()
                 engine.step()
@@ -190,8 +199,7 @@ def child(commit: str, batch: int, steps: int, cflags: list[str] | None, dtype: 
     thread = threading.Thread(target=run)      # as the server steps: off the thread that loaded the model
     thread.start()
     thread.join()
-    limits = {f"{m.in_features}->{m.out_features}": limit for m, limit in zip(linears, measured)}
-    print(json.dumps({mode: statistics.median(t) for mode, t in times.items()} | {"limits": limits}))
+    return times
 
 
 def main() -> None:

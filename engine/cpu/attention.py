@@ -26,13 +26,13 @@ import torch
 from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, TorchPagedAttention
 
 log = logging.getLogger(__name__)
-SOURCES = [Path(__file__).with_name(name)
-           for name in ("paged_attention.cpp", "prefill_attention.cpp", "fused_ops.cpp", "linear_small.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "prefill_attention.cpp", "fused_ops.cpp",
+                                                       "linear_small.cpp", "linear_panels.cpp")]
 HEADER = Path(__file__).with_name("vec_math.h")
 # -fno-trapping-math lets GCC if-convert vec_math.h's clamps, so its loops vectorize
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 FUNCTIONS = ["paged_attention_short", "paged_attention_prefill", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary",
-             "linear_small"]
+             "linear_small", "pack_panels", "linear_panels"]
 _lock = threading.Lock()
 _module = None
 _error: str | None = None

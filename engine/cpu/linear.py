@@ -3,12 +3,12 @@
 MKL's sgemm (what `F.linear` runs on CPU) is slow on the tall, narrow LM head; oneDNN takes the weight
 in its blocked layout, packed once here (`benchmarks/cpu_backend.py` measures both). fp32 and bf16 weights
 are packed (bf16 runs oneDNN's AVX512-BF16 / AMX kernels where the CPU has them); anything else keeps
-`nn.Linear`. For the few rows of a small decode step, oneDNN's fixed cost per
-call outweighs the arithmetic, so those go to the extension's `linear_small` over the plain weight, which
-is kept for it. Up to how many rows that pays differs by CPU and by shape (on one 2-core EPYC it was 8
-rows for most of SmolLM2's shapes, on another 2 to 4), so `calibrate_small_rows` times both on the
-model's own weights when it loads (`benchmarks/cpu_decode_ops.py` measures the effect on whole steps),
-once per machine: `RowLimitStore` keeps what it measured for every later process.
+`nn.Linear`. A decode step's few rows stream each weight once, and there oneDNN reaches about half of
+what memory gives, so the extension keeps a second copy for them: output panels (`linear_panels.cpp`)
+on AVX-512 CPUs, the plain weight for `linear_small` elsewhere (`benchmarks/linear_panels.py` measures
+the three). Up to how many rows that pays differs by CPU, kernel and shape, so `calibrate_small_rows`
+times both on the model's own weights when it loads, once per machine: `RowLimitStore` keeps what it
+measured for every later process.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from torch import nn
 from specfleet.engine.cpu.row_limits import RowLimitStore
 
 log = logging.getLogger(__name__)
-CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)
+CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 COLD_BYTES = 64 << 20        # more than a server CPU's L3: timed over this much weight, it comes from memory
 TIMING_REPEATS = 3
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -41,8 +41,9 @@ def small_rows_limit(in_features: int) -> int:
 
 
 class PackedLinear(nn.Module):
-    """y = x W^T (+ b) with W held in oneDNN's layout; with a `kernel` (the CPU extension) the plain weight
-    is kept too, for steps of few rows. Without one the original weight is dropped unless shared."""
+    """y = x W^T (+ b) with W held in oneDNN's layout; with a `kernel` (the CPU extension) a second copy is
+    kept for steps of few rows: W in output panels where the kernel has them for this CPU and dtype, else
+    the plain weight. Without one the original weight is dropped unless shared."""
 
     def __init__(self, linear: nn.Linear, kernel=None) -> None:
         super().__init__()
@@ -51,8 +52,11 @@ class PackedLinear(nn.Module):
                              persistent=False)
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.kernel = kernel
-        self.weight = linear.weight.detach() if kernel is not None else None
+        weight = linear.weight.detach()
+        self.panels = kernel.pack_panels(weight) if hasattr(kernel, "pack_panels") else None
+        self.weight = weight if kernel is not None and self.panels is None else None
         self.small_rows = small_rows_limit(self.in_features)
+        self.dtype = weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
@@ -60,6 +64,8 @@ class PackedLinear(nn.Module):
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
     def small(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.panels is not None:
+            return self.kernel.linear_panels(rows, self.panels, self.out_features, self.bias)
         return self.kernel.linear_small(rows.contiguous(), self.weight, self.bias)
 
     def gemm(self, rows: torch.Tensor) -> torch.Tensor:
@@ -87,7 +93,7 @@ def calibrate_small_rows(model: nn.Module, store: RowLimitStore | None = None) -
     by_shape: dict[tuple[int, int, torch.dtype], list[PackedLinear]] = defaultdict(list)
     for module in model.modules():
         if isinstance(module, PackedLinear) and module.kernel is not None:
-            by_shape[(module.in_features, module.out_features, module.weight.dtype)].append(module)
+            by_shape[(module.in_features, module.out_features, module.dtype)].append(module)
     if not by_shape:
         return {}
     start = time.perf_counter()
@@ -116,7 +122,7 @@ def cold_subset(linears: list[PackedLinear]) -> list[PackedLinear]:
     chosen, held = [], 0
     for linear in linears:
         chosen.append(linear)
-        held += linear.weight.numel() * linear.weight.element_size()
+        held += linear.in_features * linear.out_features * linear.packed.element_size()
         if held >= COLD_BYTES:
             break
     return chosen
@@ -127,7 +133,7 @@ def measured_small_rows(linears: list[PackedLinear]) -> int:
     (0 if it loses at one row): both timed over the same layers, alternating which goes first."""
     limit = 0
     for rows in CANDIDATE_ROWS:
-        x = torch.randn(rows, linears[0].in_features).to(linears[0].weight.dtype)
+        x = torch.randn(rows, linears[0].in_features).to(linears[0].dtype)
         small, gemm = [], []
         for repeat in range(TIMING_REPEATS + 1):                # the first pass of each is a warm-up
             for kind, times in sorted([("small", small), ("gemm", gemm)], reverse=repeat % 2 == 1):

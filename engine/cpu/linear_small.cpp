@@ -1,4 +1,5 @@
-// y = x W^T (+ b) for the few rows of a decode step, W row-major [out, in], float32 or bfloat16.
+// y = x W^T (+ b) for the few rows of a decode step, W row-major [out, in], float32 or bfloat16: the
+// portable path (8-wide vectors, AVX2 or NEON), for CPUs without `linear_panels.cpp`'s AVX-512 kernels.
 //
 // oneDNN's packed linear (torch.ops.mkldnn._linear_pointwise) costs tens of us per call before any
 // arithmetic, on ~120 calls per SmolLM2 decode step. Here each block of 8 weight rows is read once from
@@ -14,10 +15,6 @@
 #include <optional>
 #include <vector>
 
-#ifdef __AVX512BF16__
-#include <immintrin.h>
-#endif
-
 #include "vec_math.h"
 
 #ifdef SPECFLEET_VEC8
@@ -25,31 +22,6 @@ namespace {
 
 using specfleet_vec::dot8_rows;
 using specfleet_vec::v8f;
-
-#ifdef __AVX512BF16__
-// bfloat16 input rows against bfloat16 weight rows (k a multiple of 32) with AVX512-BF16's pairwise dot
-// products into float sums: one instruction per 32 weights and input row, where widening them first
-// takes eight.
-template <int R>
-inline void dot8_rows(const uint16_t* x, int64_t k, const uint16_t* const* w, v8f* out) {
-  __m512 acc[R][8];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 8; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; i += 32) {
-    __m512bh xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = (__m512bh)_mm512_loadu_si512(x + r * k + i);
-    for (int j = 0; j < 8; ++j) {
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[j] + i);
-      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xv[r], wv);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float y[8];
-    for (int j = 0; j < 8; ++j) y[j] = _mm512_reduce_add_ps(acc[r][j]);
-    __builtin_memcpy(&out[r], y, sizeof y);
-  }
-}
-#endif
 
 // y[rows, n] = x W^T + b over weight rows of type W, output stored through `put(index, value)`.
 template <typename X, typename W, typename Put>
@@ -115,12 +87,6 @@ torch::Tensor linear_small(torch::Tensor x, torch::Tensor weight, std::optional<
       }
       auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
       auto put = [op](int64_t i, float v) { op[i] = specfleet_vec::float_to_bf16(v); };
-#ifdef __AVX512BF16__
-      if (k % 32 == 0) {
-        small_rows(xb, rows, wb, n, k, bias ? bf.data() : nullptr, put);
-        return out;
-      }
-#endif
       std::vector<float> xf(rows * k);
       for (int64_t i = 0; i < rows * k; ++i) xf[i] = specfleet_vec::bf16_to_float(xb[i]);
       small_rows(xf.data(), rows, wb, n, k, bias ? bf.data() : nullptr, put);

@@ -23,7 +23,7 @@ from specfleet.engine.builtin import cache_root
 from specfleet.engine.cpu.attention import cpu_tag
 
 log = logging.getLogger(__name__)
-KERNEL_SOURCES = ("linear_small.cpp", "vec_math.h")
+KERNEL_SOURCES = ("linear_small.cpp", "linear_panels.cpp", "vec_math.h")
 
 
 @dataclass(frozen=True)

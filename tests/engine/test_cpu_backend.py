@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specfleet.engine import LLM, SamplingParams
@@ -141,6 +142,27 @@ def test_packed_linear_with_the_kernel_equals_nn_linear_at_any_row_count(rows, o
     x = torch.randn(rows, 64)
     torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(packed(x.view(rows, 1, 64)), linear(x).view(rows, 1, -1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("in_features,out_features", [(64, 8), (64, 100), (30, 50), (31, 48)])  # 31: half a bf16 pair
+@pytest.mark.parametrize("bias", [False, True])
+def test_output_panels_equal_nn_linear_for_every_row_count_up_to_two_passes(dtype, in_features, out_features, bias):
+    kernel = cpu_attention.load_kernel()
+    linear = nn.Linear(in_features, out_features, bias=bias).to(dtype)
+    packed = PackedLinear(linear, kernel)
+    if packed.panels is None:
+        pytest.skip("no panel kernel for this CPU and dtype (AVX-512, AVX512-BF16 for bf16)")
+    assert packed.weight is None                           # the panels are the few-row path's only copy
+    for rows in range(1, 18):                              # 1-8 rows in one pass over the panels, then 9-16, 17
+        x = torch.randn(rows, in_features).to(dtype)
+        expected = F.linear(x.float(), linear.weight.float(), None if linear.bias is None else linear.bias.float())
+        got = packed.small(x)
+        assert got.dtype == dtype and got.shape == (rows, out_features)
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        else:                                              # fp32 sums rounded once to bf16
+            torch.testing.assert_close(got.float(), expected, atol=1e-2, rtol=8e-3)
 
 
 @pytest.mark.parametrize("in_features,limit", [(64, 8), (1536, 4)])

@@ -10,7 +10,7 @@ the medians. Before timing, it checks that a greedy request through our server (
 `LLM.generate` offline, token for token in text. vLLM runs only where its CPU build is installed in its
 own venv (docs/benchmarks.md); without it, only specfleet is measured.
 
-    .venv/bin/python benchmarks/serving.py [--concurrency 1 8 32] [--endpoints completions chat] [--repeats 3]
+    .venv/bin/python benchmarks/serving.py [--concurrency 1 8 32] [--endpoints completions chat] [--repeats 3] [--max-num-batched-tokens N]
         [--random-input-len 256] [--random-output-len 128] [--prompts-per-slot 2] [--vllm /tmp/vllm-peer]
 
 `--equality-servers N [--dtype D]` instead runs only the equality check, against N fresh servers of ours in
@@ -340,6 +340,8 @@ def main() -> None:
     parser.add_argument("--profile-repeats", type=int, default=15)
     parser.add_argument("--equality-servers", type=int, default=0,
                         help="instead of serving: the equality check against this many fresh servers of ours")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="the per-step token budget of both servers (default: each server's own, 2,048 in both)")
     args = parser.parse_args()
 
     model = str(ensure_builtin(NAME))
@@ -363,9 +365,10 @@ def main() -> None:
         print(f"wrote {path}")
         return
     logdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
-    contenders = [start_specfleet(model, logdir, dtype=args.dtype)]
+    budget = ("--max-num-batched-tokens", str(args.max_num_batched_tokens)) if args.max_num_batched_tokens else ()
+    contenders = [start_specfleet(model, logdir, budget, dtype=args.dtype)]
     if not args.no_vllm and (args.vllm / "bin" / "python").exists():
-        contenders.append(start_vllm(args.vllm, model, logdir, dtype=args.dtype))
+        contenders.append(start_vllm(args.vllm, model, logdir, budget, dtype=args.dtype))
     try:
         for c in contenders:
             wait_ready(c, 600 if c.name == "vllm" else 180)

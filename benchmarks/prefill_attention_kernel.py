@@ -5,7 +5,9 @@ tree's, with this tree's flags) run the attention of one prefill step: `--seqs` 
 `--tokens` tokens, 9 query / 3 KV heads of 64, in a paged cache of `--dtype`. `--rounds` rounds
 alternate which kernel goes first; each round is the median of 30 calls after 5 warm-ups. The table
 gives the median and range of the rounds, this / against per round, and each kernel's largest error
-against the torch reference computed in fp32 on the same (rounded) inputs.
+against the torch reference computed in fp32 on the same (rounded) inputs. The same layer's K/V cache
+write follows, this tree's `write_kv` against `attention.write_kv` (index_copy_), K and V as views into a
+fused QKV output as the model passes them, in the same alternating rounds.
 
     .venv/bin/python benchmarks/prefill_attention_kernel.py --against 8b5b302 [--dtype bfloat16]
         [--seqs 8] [--tokens 256] [--rounds 7] [--threads 2] [--json benchmarks/results/prefill_attention_kernel.json]
@@ -42,7 +44,25 @@ def measure(args) -> dict:
     reference = TorchPagedAttention(0.125)(q.float(), k_cache.float(), v_cache.float(), meta)
     errors = {name: float((call(name).float() - reference).abs().max()) for name in kernels}
     return {name: {"ms": times[name], "median_ms": statistics.median(times[name]), "max_abs_error": errors[name]}
-            for name in kernels} | {"ratios": [a / b for a, b in zip(times["this tree"], times["against"])]}
+            for name in kernels} | {"ratios": [a / b for a, b in zip(times["this tree"], times["against"])],
+                                    "kv_write": kv_write(args, k_cache, meta.slot_mapping)}
+
+
+def kv_write(args, k_cache, slots) -> dict:
+    """The layer's K/V write: {"kernel" | "index_copy_": ms per round, ...} with the kernel / index_copy_ ratios."""
+    import torch
+
+    from cpu_backend import alternating_rounds      # benchmarks/cpu_backend.py
+    from specfleet.engine.attention import write_kv
+    from specfleet.engine.cpu.attention import load_kernel
+
+    qkv = torch.randn(args.seqs * args.tokens, (9 + 2 * 3) * 64).to(k_cache.dtype)
+    k, v = qkv[:, 576:768].view(-1, 3, 64), qkv[:, 768:].view(-1, 3, 64)
+    caches = (k_cache.clone(), k_cache.clone())
+    writes = {"kernel": load_kernel().write_kv, "index_copy_": write_kv}
+    times = alternating_rounds({name: (lambda f=f: f(*caches, k, v, slots)) for name, f in writes.items()},
+                               args.rounds, reps=30)
+    return times | {"ratios": [a / b for a, b in zip(times["kernel"], times["index_copy_"])]}
 
 
 def main() -> None:
@@ -71,6 +91,11 @@ def main() -> None:
                       f"{row['median_ms']:.3f} ({min(row['ms']):.3f}-{max(row['ms']):.3f})", f"{row['max_abs_error']:.1e}")
     Console().print(table)
     print("this tree / against per round:", ", ".join(f"{r:.2f}" for r in result["ratios"]))
+    write = result["kv_write"]
+    print("K/V write, ms median (min-max): " + "; ".join(
+        f"{name} {statistics.median(write[name]):.3f} ({min(write[name]):.3f}-{max(write[name]):.3f})"
+        for name in ("kernel", "index_copy_")))
+    print("kernel / index_copy_ per round:", ", ".join(f"{r:.2f}" for r in write["ratios"]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                                      **result}, indent=1))

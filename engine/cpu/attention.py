@@ -7,8 +7,9 @@ step. `paged_attention.cpp` reads K/V in place through the block table instead. 
 what it does not cover (not fp32 or bf16, an odd head size, no 8-wide vectors) keeps SDPA. It is compiled
 once per machine with torch's cpp_extension (g++ and ninja) into `kernel_build_dir()`, under the specfleet
 cache; where that is impossible the engine logs why and keeps the torch path. The same extension carries
-the decoder's fused elementwise steps (`fused_ops.cpp`) and the few-row linear (`linear_small.cpp`), with
-`vec_math.h` inlined into each.
+the step's K/V cache write (`write_kv`, in `paged_attention.cpp`: one copy per token, where index_copy_
+took several times as long), the decoder's fused elementwise steps (`fused_ops.cpp`) and the few-row
+linears (`linear_small.cpp`, `linear_panels.cpp`), with `vec_math.h` inlined into each.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "p
 HEADER = Path(__file__).with_name("vec_math.h")
 # -fno-trapping-math lets GCC if-convert vec_math.h's clamps, so its loops vectorize
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-FUNCTIONS = ["paged_attention_short", "paged_attention_prefill", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary",
+FUNCTIONS = ["paged_attention_short", "paged_attention_prefill", "write_kv", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary",
              "linear_small", "pack_panels", "linear_panels"]
 _lock = threading.Lock()
 _module = None
@@ -125,6 +126,7 @@ class CpuPagedAttention(TorchPagedAttention):
         super().__init__(scale)
         self.kernel = load_kernel()
         self.prefill_kernel = prefill_kernel      # False: prefill chunks through SDPA (benchmarks compare)
+        self.write_kv = self.kernel.write_kv      # the step's K/V into their slots, as attention.write_kv
 
     def _group(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                group: AttentionGroup) -> torch.Tensor:

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -274,4 +275,36 @@ torch::Tensor paged_attention_short(torch::Tensor q, torch::Tensor k_cache, torc
     attend<scalar_t>(s, q, k_cache, v_cache, block_tables, context_lens, static_cast<float>(scale), out);
   });
   return out;
+}
+
+// k/v [tokens, kv_heads, head_dim] into their cache slots (caches [blocks, block_size, kv_heads, head_dim],
+// slots int64 [tokens]), as `attention.write_kv`'s index_copy_: one copy of a token's heads per tensor,
+// spread over the intra-op threads for prefill chunks. The rows may be views into the fused QKV output
+// (a token stride of their own, its heads contiguous); other layouts and dtypes take index_copy_.
+void write_kv(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slots) {
+  const int64_t tokens = k.size(0), row = k_cache.size(2) * k_cache.size(3), num_slots = k_cache.size(0) * k_cache.size(1);
+  auto rows_in_place = [&](const torch::Tensor& x, const torch::Tensor& cache) {
+    return x.dim() == 3 && x.scalar_type() == cache.scalar_type() && x.size(1) == cache.size(2) && x.size(2) == cache.size(3) &&
+           x.stride(2) == 1 && x.stride(1) == x.size(2) && cache.is_contiguous();
+  };
+  if (!rows_in_place(k, k_cache) || !rows_in_place(v, v_cache) || slots.scalar_type() != torch::kInt64 ||
+      v.size(0) != tokens || slots.numel() != tokens) {
+    k_cache.view({num_slots, k.size(1), k.size(2)}).index_copy_(0, slots, k);
+    v_cache.view({num_slots, v.size(1), v.size(2)}).index_copy_(0, slots, v);
+    return;
+  }
+  slots = slots.contiguous();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "KV slot ", slot[t], " out of range [0, ", num_slots, ")");
+  const int64_t bytes = row * k.element_size();
+  char *kc = static_cast<char*>(k_cache.data_ptr()), *vc = static_cast<char*>(v_cache.data_ptr());
+  const char *kp = static_cast<const char*>(k.data_ptr()), *vp = static_cast<const char*>(v.data_ptr());
+  const int64_t k_stride = k.stride(0) * k.element_size(), v_stride = v.stride(0) * v.element_size();
+  at::parallel_for(0, tokens, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      std::memcpy(kc + slot[t] * bytes, kp + t * k_stride, bytes);
+      std::memcpy(vc + slot[t] * bytes, vp + t * v_stride, bytes);
+    }
+  });
 }

@@ -19,6 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #ifdef __AVX512BF16__
@@ -102,6 +103,7 @@ inline void add_weighted(float* acc, const float* p, int64_t stride, const T* co
 // The scores are computed for whole slabs, so the row is taken to the slab's end in vector code and the
 // keys past `visible` are zeroed there: with vec_math's softmax over [0, visible), whose ragged tail is a
 // scalar loop, the bf16 kernel took 1.04-1.08x the time (docs/benchmarks.md, "Prefill attention in bf16 pairs").
+// The float path's; the bf16 path has its own in AVX-512 (`bf16::softmax_row_bf16`).
 inline float softmax_row(float* row, int64_t visible, int64_t padded) {
   const int64_t slabs_end = steps_of(visible) * KEYS;
   float top = -3.4e38f, sum = 0.f;
@@ -169,6 +171,10 @@ void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const T*
 // ([step][d/2][KEYS] words) and the values as pairs of keys ([step][KEYS/2][d] words), once per (sequence,
 // KV head) as the float path transposes its keys; the softmax's numerators are rounded to bf16 for the
 // second product (as GPU flash attention rounds P), while their sum stays in float.
+// A tile runs R rows at a time from scores to output (`attend_tile`): the block's scores and numerators
+// stay in L1, its weighted sums stay in registers across all its slabs and go straight to the output,
+// and the softmax is base-2 in AVX-512 with a short polynomial, its error far below the bf16 rounding of
+// the numerators (docs/benchmarks.md, "Prefill attention: row blocks from scores to output").
 namespace bf16 {
 
 constexpr int64_t PAIRS = KEYS / 2;   // key pairs per slab
@@ -202,10 +208,51 @@ inline void pack_slab(const Shape& s, const uint16_t* k_cache, const uint16_t* v
       vt[jp * d + x] = values[2 * jp][x] | static_cast<uint32_t>(values[2 * jp + 1][x]) << 16;
 }
 
-// s[r * stride + n * KEYS + j] = scale * q_r . key_j of slab n, for R rows and NS consecutive slabs (two
-// give 12 independent sums, enough to cover the instruction's latency)
+// 2^x for x <= 0 (scores come in base 2, see `run_bf16`): x = n + f with f in [-1/2, 1/2], 2^f by its
+// degree-5 Taylor polynomial (relative error under 3e-6, far below the bf16 rounding of the numerators
+// that follows), 2^n applied by `scalef`; below -126 it gives 0 or a subnormal, and either weighs nothing.
+inline __m512 exp2_nonpositive(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3333558146e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, _mm512_max_ps(n, _mm512_set1_ps(-150.f)));
+}
+
+// A row's base-2 scores [0, visible) -> its softmax numerators rounded to bf16 in `p`, zeros in [visible,
+// padded); returns the numerators' sum (of the float values). One pass for the maximum and one for the
+// powers, 16 keys per instruction, the ragged last slab masked.
+inline float softmax_row_bf16(const float* row, int64_t visible, int64_t padded, uint16_t* p) {
+  const int64_t full = visible / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (visible - full)) - 1);
+  __m512 top = _mm512_set1_ps(-3.4e38f);
+  for (int64_t j = 0; j < full; j += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(row + j));
+  if (tail) top = _mm512_mask_max_ps(top, tail, top, _mm512_loadu_ps(row + full));
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 sum = _mm512_setzero_ps();
+  auto store = [&](int64_t j, __m512 e) {
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+  };
+  for (int64_t j = 0; j < full; j += 16) store(j, exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), m)));
+  int64_t end = full;
+  if (tail) {
+    store(full, _mm512_maskz_mov_ps(tail, exp2_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + full), m))));
+    end += 16;
+  }
+  std::fill(p + end, p + padded, uint16_t{0});
+  return _mm512_reduce_add_ps(sum);
+}
+
+// s[r * stride + n * KEYS + j] = scale * q_r . key_j of slab n, for R rows (`q[r]`: the row's elements as
+// pairs, read in place) and NS consecutive slabs (two give 12 independent sums, enough to cover the
+// instruction's latency)
 template <int NS>
-inline void score(const uint32_t* q, const uint32_t* kt, int64_t half, float* s, int64_t stride, float scale) {
+inline void score(const uint32_t* const* q, const uint32_t* kt, int64_t half, float* s, int64_t stride, float scale) {
   __m512 acc[NS][R];
   for (int n = 0; n < NS; ++n)
     for (int r = 0; r < R; ++r) acc[n][r] = _mm512_setzero_ps();
@@ -213,7 +260,7 @@ inline void score(const uint32_t* q, const uint32_t* kt, int64_t half, float* s,
     __m512i k[NS];
     for (int n = 0; n < NS; ++n) k[n] = _mm512_loadu_si512(kt + (n * half + p) * KEYS);
     for (int r = 0; r < R; ++r) {
-      const __m512bh qr = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * half + p]));
+      const __m512bh qr = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][p]));
       for (int n = 0; n < NS; ++n) acc[n][r] = _mm512_dpbf16_ps(acc[n][r], qr, (__m512bh)k[n]);
     }
   }
@@ -222,14 +269,16 @@ inline void score(const uint32_t* q, const uint32_t* kt, int64_t half, float* s,
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * stride + n * KEYS, _mm512_mul_ps(acc[n][r], sc));
 }
 
-// acc[r][col, col + 16C) += sum over the slab's keys of p_r,j * value_j, for R rows; p holds each row's
-// numerators as bf16 pairs (`words` per row)
+// out[r][col, col + 16C) = inv[r] * sum over the keys of `steps` slabs of p_r,j * value_j, for the first
+// `rows` of R rows; p holds each row's numerators as bf16 pairs (`words` per row), vt the packed values.
+// The sums stay in registers across all the slabs, and are scaled and rounded straight into the output.
 template <int C>
-inline void add_weighted(float* acc, int64_t d, const uint32_t* p, int64_t words, const uint32_t* vt, int64_t col) {
+inline void weigh_values(const uint32_t* p, int64_t words, const uint32_t* vt, int64_t steps, int64_t d, int64_t col,
+                         const float* inv, uint16_t* const* out, int64_t rows) {
   __m512 sum[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) sum[r][c] = _mm512_loadu_ps(acc + r * d + col + 16 * c);
-  for (int64_t jp = 0; jp < PAIRS; ++jp) {
+    for (int c = 0; c < C; ++c) sum[r][c] = _mm512_setzero_ps();
+  for (int64_t jp = 0; jp < steps * PAIRS; ++jp) {
     __m512i v[C];
     for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_si512(vt + jp * d + col + 16 * c);
     for (int r = 0; r < R; ++r) {
@@ -237,59 +286,53 @@ inline void add_weighted(float* acc, int64_t d, const uint32_t* p, int64_t words
       for (int c = 0; c < C; ++c) sum[r][c] = _mm512_dpbf16_ps(sum[r][c], w, (__m512bh)v[c]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + r * d + col + 16 * c, sum[r][c]);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 scale = _mm512_set1_ps(inv[r]);
+    for (int c = 0; c < C; ++c)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[r] + col + 16 * c),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(sum[r][c], scale)));
+  }
 }
 
 struct Scratch {
-  std::vector<uint32_t> q;         // the tile's rows as element pairs
-  std::vector<uint16_t> p;         // the numerators rounded to bf16
-  specfleet_prefill::Scratch f;    // float accumulators, scores and sums
+  std::vector<float> scores;       // a block of R rows' scores
+  std::vector<uint16_t> p;         // their numerators rounded to bf16
 };
 
-// As the float `attend_tile`, over packed slabs (`kt`, `vt`: steps_of(ctx) of each).
+// As the float `attend_tile`, over packed slabs (`kt`, `vt`: steps_of(ctx) of each), but R rows at a
+// time from scores to output: a block's scores and numerators stay in L1, and its weighted sums in
+// registers. Rows are read from `q` and written to `out` in place.
 inline void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const uint16_t* q, const uint32_t* kt,
                         const uint32_t* vt, int64_t ctx, float scale, uint16_t* out, Scratch& w) {
   const int64_t d = s.head_dim, half = d / 2, group = s.q_heads / s.kv_heads;
   const int64_t first = tile * TILE, tokens = std::min(TILE, s.query_len - first), rows = tokens * group;
-  const int64_t padded_rows = (rows + R - 1) / R * R, offset = ctx - s.query_len;
-  const int64_t keys = offset + first + tokens, stride = steps_of(keys) * KEYS;
+  const int64_t offset = ctx - s.query_len, stride = steps_of(offset + first + tokens) * KEYS;
+  auto row_at = [&](int64_t r) {   // element offset of row r (past the last real row: the last one)
+    r = std::min(r, rows - 1);
+    return ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
+  };
   auto visible = [&](int64_t r) { return offset + first + std::min(r, rows - 1) / group + 1; };
-  w.q.assign(padded_rows * half, 0u);
-  w.f.acc.assign(padded_rows * d, 0.f);
-  w.f.scores.resize(padded_rows * stride);
-  w.f.sums.resize(padded_rows);
-  w.p.resize(padded_rows * stride);
-  for (int64_t r = 0; r < rows; ++r)
-    __builtin_memcpy(&w.q[r * half], q + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d,
-                     d * sizeof(uint16_t));
-  for (int64_t r0 = 0; r0 < padded_rows; r0 += R) {
-    const int64_t steps = steps_of(visible(r0 + R - 1));
-    float* scores = &w.f.scores[r0 * stride];
-    int64_t step = 0;
-    for (; step + 2 <= steps; step += 2) score<2>(&w.q[r0 * half], kt + step * half * KEYS, half, scores + step * KEYS, stride, scale);
-    if (step < steps) score<1>(&w.q[r0 * half], kt + step * half * KEYS, half, scores + step * KEYS, stride, scale);
-  }
-  for (int64_t r = 0; r < padded_rows; ++r) {
-    float* row = &w.f.scores[r * stride];
-    w.f.sums[r] = softmax_row(row, visible(r), stride);
-    for (int64_t j = 0; j < stride; j += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&w.p[r * stride + j]), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + j)));
-  }
-  const uint32_t* p = reinterpret_cast<const uint32_t*>(w.p.data());
-  for (int64_t step = 0; step < steps_of(keys); ++step)
-    for (int64_t r0 = 0; r0 < padded_rows; r0 += R) {
-      if (visible(r0 + R - 1) <= step * KEYS) continue;
-      const uint32_t* rows_p = p + (r0 * stride + step * KEYS) / 2;
-      const uint32_t* slab = vt + step * PAIRS * d;
-      int64_t col = 0;
-      for (; col + 64 <= d; col += 64) add_weighted<4>(&w.f.acc[r0 * d], d, rows_p, stride / 2, slab, col);
-      for (; col < d; col += 16) add_weighted<1>(&w.f.acc[r0 * d], d, rows_p, stride / 2, slab, col);
+  w.scores.resize(R * stride);
+  w.p.resize(R * stride);
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    const uint32_t* q_rows[R];
+    uint16_t* out_rows[R];
+    float inv[R];
+    for (int r = 0; r < R; ++r) {
+      q_rows[r] = reinterpret_cast<const uint32_t*>(q + row_at(r0 + r));
+      out_rows[r] = out + row_at(r0 + r);
     }
-  for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* dst = out + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
-    const float inv = 1.f / w.f.sums[r];
-    for (int64_t x = 0; x < d; ++x) dst[x] = narrow<uint16_t>(w.f.acc[r * d + x] * inv);
+    const int64_t steps = steps_of(visible(r0 + R - 1)), padded = steps * KEYS;   // the block's last row sees the most
+    int64_t step = 0;
+    for (; step + 2 <= steps; step += 2) score<2>(q_rows, kt + step * half * KEYS, half, &w.scores[step * KEYS], stride, scale);
+    if (step < steps) score<1>(q_rows, kt + step * half * KEYS, half, &w.scores[step * KEYS], stride, scale);
+    for (int r = 0; r < R; ++r)
+      inv[r] = 1.f / softmax_row_bf16(&w.scores[r * stride], visible(r0 + r), padded, &w.p[r * stride]);
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(w.p.data());
+    const int64_t real = std::min<int64_t>(R, rows - r0);
+    int64_t col = 0;
+    for (; col + 64 <= d; col += 64) weigh_values<4>(p, stride / 2, vt, steps, d, col, inv, out_rows, real);
+    for (; col < d; col += 16) weigh_values<1>(p, stride / 2, vt, steps, d, col, inv, out_rows, real);
   }
 }
 
@@ -363,8 +406,10 @@ void run(const Shape& s, const Chunk<T>& c, double scale) {
 // The whole bf16 chunk: keys and values packed slab by slab (`bf16::pack_slab`), then the tiles.
 inline void run_bf16(const Shape& s, const Chunk<uint16_t>& c, double scale) {
   const int64_t max_steps = max_steps_of(s, c.ctx), slab = s.head_dim * KEYS / 2, per_head = max_steps * slab;
-  const float sc = static_cast<float>(scale);
-  std::vector<uint32_t> kt(s.num_seqs * s.kv_heads * per_head), vt(kt.size());     // words, as bf16 pairs
+  const float sc = static_cast<float>(scale) * 1.44269504088896341f;   // base-2 scores for exp2_nonpositive
+  // words, as bf16 pairs; left uninitialized, as every slab a tile reads is packed first
+  const std::unique_ptr<uint32_t[]> kt(new uint32_t[s.num_seqs * s.kv_heads * per_head]),
+      vt(new uint32_t[s.num_seqs * s.kv_heads * per_head]);
   slabs_then_tiles<bf16::Scratch>(
       s, c.ctx, max_steps,
       [&](int64_t seq, int64_t kv, int64_t step) {

@@ -152,11 +152,22 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
-    def forward(self, rope, x, kv_cache, meta) -> torch.Tensor:
-        norm = self.post_attention_layernorm
-        x, normed = norm.ops.add_rms_norm(self.self_attn(rope, self.input_layernorm(x), kv_cache, meta), x,
-                                          norm.weight, norm.eps)
-        return x + self.mlp(normed)
+    def forward(self, rope, x, residual, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it). `x` is the previous layer's MLP output,
+        added to the stream in this layer's input norm (one pass, not an add and a norm); the first layer
+        gets the embeddings as `x` and no stream."""
+        if residual is None:
+            residual, normed = x, self.input_layernorm(x)
+        else:
+            residual, normed = add_rms_norm(self.input_layernorm, x, residual)
+        residual, normed = add_rms_norm(self.post_attention_layernorm, self.self_attn(rope, normed, kv_cache, meta),
+                                        residual)
+        return self.mlp(normed), residual
+
+
+def add_rms_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual + x, norm(residual + x)) through the norm's elementwise ops."""
+    return norm.ops.add_rms_norm(x, residual, norm.weight, norm.eps)
 
 
 class LlamaModel(nn.Module):
@@ -185,9 +196,10 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
+        residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(rope, x, kv_cache, meta)
-        return self.model.norm(x)
+            x, residual = layer(rope, x, residual, kv_cache, meta)
+        return add_rms_norm(self.model.norm, x, residual)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfleet.engine import LLM, SamplingParams
-from specfleet.engine.attention import TorchPagedAttention
+from specfleet.engine.attention import TorchPagedAttention, write_kv
 from specfleet.engine.cpu import attention as cpu_attention
 from specfleet.engine.cpu import linear as cpu_linear
 from specfleet.engine.cpu.linear import PackedLinear, calibrate_small_rows, pack_linears
@@ -122,6 +122,31 @@ def test_kernel_ignores_blocks_past_the_context():
     k_cache[meta.block_tables[0, 0], 5:] = float("nan")             # slots after the first context's end
     after = cpu_attention.CpuPagedAttention(0.25)(q, k_cache, v_cache, meta)
     torch.testing.assert_close(after, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])   # fp16: index_copy_
+@pytest.mark.parametrize("tokens", [3, 700])                                           # 700: over threads
+@pytest.mark.parametrize("views", [True, False])          # views into a fused QKV output, or contiguous rows
+def test_the_kernels_kv_write_equals_index_copy(dtype, tokens, views):
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(tokens, 9 * 16 + 2 * 3 * 16, generator=gen).to(dtype)
+    k, v = qkv[:, 144:192].view(-1, 3, 16), qkv[:, 192:].view(-1, 3, 16)
+    if not views:
+        k, v = k.contiguous(), v.contiguous()
+    slots = torch.randperm(64 * 16, generator=gen)[:tokens]
+    caches = [torch.randn(64, 16, 3, 16, generator=gen).to(dtype) for _ in range(2)]
+    expected = [cache.clone() for cache in caches]
+    cpu_attention.load_kernel().write_kv(*caches, k, v, slots)
+    write_kv(*expected, k, v, slots)
+    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
+
+
+def test_the_kernels_kv_write_refuses_a_slot_outside_the_cache():
+    k_cache, v_cache = torch.zeros(4, 16, 2, 16), torch.zeros(4, 16, 2, 16)
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_attention.load_kernel().write_kv(k_cache, v_cache, torch.ones(2, 2, 16), torch.ones(2, 2, 16),
+                                             torch.tensor([3, 64]))
+    assert not k_cache.any() and not v_cache.any()         # checked before anything is written
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -7,10 +7,12 @@
 // (GQA: the keys are read once for them), and it computes only the keys its rows can see, in steps of 16:
 //   1. the keys of each (sequence, KV head), read in place through the block table, are first transposed
 //      once into [step][head_dim][16] slabs that every tile shares;
-//   2. scores for R rows at a time against a slab (broadcast-FMA: each key load feeds R rows, no
-//      horizontal sums), into a per-tile [rows, keys] scratch;
+//   then, R rows at a time (a block: its scores stay in L1),
+//   2. scores against each slab the block sees (broadcast-FMA: each key load feeds R rows, no
+//      horizontal sums), into a [R, keys] scratch;
 //   3. an exact softmax per row over the keys it sees (the rest of its scratch row set to 0);
-//   4. the weighted values, R rows and 16 columns at a time, values read in place.
+//   4. the weighted values, 16 columns at a time, values read in place, the R x 16 sums kept in
+//      registers across all the keys and written straight to the output.
 // Two passes instead of an online softmax: a row's scratch is at most the context long, and rescaling
 // running sums every 16 keys cost as much as the arithmetic. Items are spread over torch's intra-op
 // threads in an order that pairs a tile near the start of the prompt with one near its end, so that the
@@ -79,23 +81,24 @@ inline void score(const float* q, const float* kt, int64_t d, float* s, int64_t 
   for (int r = 0; r < R; ++r) __builtin_memcpy(s + r * stride, acc[r], sizeof acc[r]);
 }
 
-// acc[r][0, d) += sum over the slab's keys j of p[r * stride + j] * values[j][0, d), 16 columns at a time
+// out[r][col, col + 16) = inv[r] * sum over the keys j < `keys` of p[r * stride + j] * values[j][col, col + 16),
+// for the first `rows` of R rows: the sums stay in registers across all the keys, values read in place.
 template <typename T>
-inline void add_weighted(float* acc, const float* p, int64_t stride, const T* const* values, int64_t d) {
-  for (int64_t col = 0; col < d; col += 16) {
-    v8f sum[R][2];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < 2; ++c) sum[r][c] = load8(acc + r * d + col + 8 * c);
-    for (int64_t j = 0; j < KEYS; ++j) {
-      const v8f v0 = load8(values[j] + col), v1 = load8(values[j] + col + 8);
-      for (int r = 0; r < R; ++r) {
-        const float w = p[r * stride + j];
-        sum[r][0] += w * v0;
-        sum[r][1] += w * v1;
-      }
+inline void weigh_strip(const float* p, int64_t stride, const T* const* values, int64_t keys, int64_t col,
+                        const float* inv, T* const* out, int64_t rows) {
+  v8f sum[R][2] = {};
+  for (int64_t j = 0; j < keys; ++j) {
+    const v8f v0 = load8(values[j] + col), v1 = load8(values[j] + col + 8);
+    for (int r = 0; r < R; ++r) {
+      const float w = p[r * stride + j];
+      sum[r][0] += w * v0;
+      sum[r][1] += w * v1;
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < 2; ++c) __builtin_memcpy(acc + r * d + col + 8 * c, &sum[r][c], sizeof sum[r][c]);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float strip[16];
+    __builtin_memcpy(strip, sum[r], sizeof strip);
+    for (int x = 0; x < 16; ++x) out[r][col + x] = narrow<T>(strip[x] * inv[r]);
   }
 }
 
@@ -119,48 +122,47 @@ inline float softmax_row(float* row, int64_t visible, int64_t padded) {
   return sum;
 }
 
+template <typename T>
 struct Scratch {
-  std::vector<float> q, acc, scores, sums;
+  std::vector<float> q, scores;       // a block of R rows: widened and scaled, and their scores
+  std::vector<const T*> values;       // the tile's value rows, in key order
 };
 
-// Tile `tile` of sequence `seq` for KV head `kv` over its transposed keys `kt` (steps_of(ctx) slabs).
-// Rows are (token, query head of this KV head), padded to a multiple of R with rows that see what the
-// last real row sees and are never written out.
+// Tile `tile` of sequence `seq` for KV head `kv` over its transposed keys `kt` (steps_of(ctx) slabs), R rows
+// at a time from scores to output: a block's scores stay in L1 and its weighted sums in registers. Rows are
+// (token, query head of this KV head); a block past the last real row repeats it and is never written out.
 template <typename T>
 void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const T* q, const float* kt,
-                 const T* v_cache, const int32_t* table, int64_t ctx, float scale, T* out, Scratch& w) {
+                 const T* v_cache, const int32_t* table, int64_t ctx, float scale, T* out, Scratch<T>& w) {
   const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
   const int64_t first = tile * TILE, tokens = std::min(TILE, s.query_len - first), rows = tokens * group;
-  const int64_t padded_rows = (rows + R - 1) / R * R, offset = ctx - s.query_len;   // keys before the chunk
-  const int64_t keys = offset + first + tokens, stride = steps_of(keys) * KEYS;       // the last row sees [0, keys)
+  const int64_t offset = ctx - s.query_len, stride = steps_of(offset + first + tokens) * KEYS;   // keys before the chunk
+  auto row_at = [&](int64_t r) {   // element offset of row r (past the last real row: the last one)
+    r = std::min(r, rows - 1);
+    return ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
+  };
   auto visible = [&](int64_t r) { return offset + first + std::min(r, rows - 1) / group + 1; };
-  w.q.assign(padded_rows * d, 0.f);
-  w.acc.assign(padded_rows * d, 0.f);
-  w.scores.resize(padded_rows * stride);
-  w.sums.resize(padded_rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* src = q + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
-    for (int64_t x = 0; x < d; ++x) w.q[r * d + x] = widen(src[x]) * scale;
+  w.q.resize(R * d);
+  w.scores.resize(R * stride);
+  w.values.resize(stride);
+  for (int64_t j = 0; j < stride; ++j) {       // past the context: the last value (finite, never weighted)
+    const int64_t pos = std::min(j, ctx - 1);
+    w.values[j] = v_cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * d;
   }
-  for (int64_t r0 = 0; r0 < padded_rows; r0 += R)              // a block's last row sees the most keys
-    for (int64_t step = 0; step < steps_of(visible(r0 + R - 1)); ++step)
-      score(&w.q[r0 * d], kt + step * d * KEYS, d, &w.scores[r0 * stride + step * KEYS], stride);
-  for (int64_t r = 0; r < padded_rows; ++r)
-    w.sums[r] = softmax_row(&w.scores[r * stride], visible(r), stride);
-  const T* values[KEYS];
-  for (int64_t step = 0; step < steps_of(keys); ++step) {
-    for (int64_t j = 0; j < KEYS; ++j) {
-      const int64_t pos = std::min(step * KEYS + j, ctx - 1);
-      values[j] = v_cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * d;
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    T* out_rows[R];
+    float inv[R];
+    for (int r = 0; r < R; ++r) {
+      const T* src = q + row_at(r0 + r);
+      for (int64_t x = 0; x < d; ++x) w.q[r * d + x] = widen(src[x]) * scale;
+      out_rows[r] = out + row_at(r0 + r);
     }
-    for (int64_t r0 = 0; r0 < padded_rows; r0 += R)
-      if (visible(r0 + R - 1) > step * KEYS)
-        add_weighted(&w.acc[r0 * d], &w.scores[r0 * stride + step * KEYS], stride, values, d);
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    T* dst = out + ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
-    const float inv = 1.f / w.sums[r];
-    for (int64_t x = 0; x < d; ++x) dst[x] = narrow<T>(w.acc[r * d + x] * inv);
+    const int64_t steps = steps_of(visible(r0 + R - 1));                 // the block's last row sees the most
+    for (int64_t step = 0; step < steps; ++step)
+      score(w.q.data(), kt + step * d * KEYS, d, &w.scores[step * KEYS], stride);
+    for (int r = 0; r < R; ++r) inv[r] = 1.f / softmax_row(&w.scores[r * stride], visible(r0 + r), steps * KEYS);
+    for (int64_t col = 0; col < d; col += 16)
+      weigh_strip(w.scores.data(), stride, w.values.data(), steps * KEYS, col, inv, out_rows, std::min<int64_t>(R, rows - r0));
   }
 }
 
@@ -171,10 +173,9 @@ void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const T*
 // ([step][d/2][KEYS] words) and the values as pairs of keys ([step][KEYS/2][d] words), once per (sequence,
 // KV head) as the float path transposes its keys; the softmax's numerators are rounded to bf16 for the
 // second product (as GPU flash attention rounds P), while their sum stays in float.
-// A tile runs R rows at a time from scores to output (`attend_tile`): the block's scores and numerators
-// stay in L1, its weighted sums stay in registers across all its slabs and go straight to the output,
-// and the softmax is base-2 in AVX-512 with a short polynomial, its error far below the bf16 rounding of
-// the numerators (docs/benchmarks.md, "Prefill attention: row blocks from scores to output").
+// Blocks of R rows as in the float path, 64 columns of sums in registers at a time, and the softmax
+// base-2 in AVX-512 with a short polynomial, its error far below the bf16 rounding of the numerators
+// (docs/benchmarks.md, "Prefill attention: row blocks from scores to output").
 namespace bf16 {
 
 constexpr int64_t PAIRS = KEYS / 2;   // key pairs per slab
@@ -390,13 +391,13 @@ void run(const Shape& s, const Chunk<T>& c, double scale) {
   const int64_t max_steps = max_steps_of(s, c.ctx), slab = s.head_dim * KEYS, per_head = max_steps * slab;
   const float sc = static_cast<float>(scale);
   std::vector<float> kt(s.num_seqs * s.kv_heads * per_head);
-  slabs_then_tiles<Scratch>(
+  slabs_then_tiles<Scratch<T>>(
       s, c.ctx, max_steps,
       [&](int64_t seq, int64_t kv, int64_t step) {
         transpose_slab(s, c.k_cache, c.tables + seq * s.table_stride, c.ctx[seq], kv, step * KEYS,
                        kt.data() + (seq * s.kv_heads + kv) * per_head + step * slab);
       },
-      [&](int64_t seq, int64_t kv, int64_t tile, Scratch& scratch) {
+      [&](int64_t seq, int64_t kv, int64_t tile, Scratch<T>& scratch) {
         attend_tile(s, seq, kv, tile, c.q, kt.data() + (seq * s.kv_heads + kv) * per_head, c.v_cache,
                     c.tables + seq * s.table_stride, c.ctx[seq], sc, c.out, scratch);
       });

@@ -5,7 +5,8 @@ tree's, with this tree's flags) run the attention of one prefill step: `--seqs` 
 `--tokens` tokens, 9 query / 3 KV heads of 64, in a paged cache of `--dtype`. `--rounds` rounds
 alternate which kernel goes first; each round is the median of 30 calls after 5 warm-ups. The table
 gives the median and range of the rounds, this / against per round, and each kernel's largest error
-against the torch reference computed in fp32 on the same (rounded) inputs. The same layer's K/V cache
+against the torch reference computed in fp32 on the same (rounded) inputs, and whether the two outputs are
+equal bit for bit. The same layer's K/V cache
 write follows, this tree's `write_kv` against `attention.write_kv` (index_copy_), K and V as views into a
 fused QKV output as the model passes them, in the same alternating rounds.
 
@@ -42,13 +43,15 @@ def measure(args) -> dict:
         return kernels[name](q, k_cache, v_cache, group.block_tables, group.context_lens, args.tokens, 0.125)
     times = alternating_rounds({name: (lambda name=name: call(name)) for name in kernels}, args.rounds, reps=30)
     reference = TorchPagedAttention(0.125)(q.float(), k_cache.float(), v_cache.float(), meta)
-    errors = {name: float((call(name).float() - reference).abs().max()) for name in kernels}
+    outputs = {name: call(name) for name in kernels}
+    errors = {name: float((out.float() - reference).abs().max()) for name, out in outputs.items()}
     return {name: {"ms": times[name], "median_ms": statistics.median(times[name]), "max_abs_error": errors[name]}
             for name in kernels} | {"ratios": [a / b for a, b in zip(times["this tree"], times["against"])],
-                                    "kv_write": kv_write(args, k_cache, meta.slot_mapping)}
+                                    "identical": torch.equal(outputs["this tree"], outputs["against"]),
+                                    "kv_write": kv_write(args, q, k_cache, meta.slot_mapping)}
 
 
-def kv_write(args, k_cache, slots) -> dict:
+def kv_write(args, q, k_cache, slots) -> dict:
     """The layer's K/V write: {"kernel" | "index_copy_": ms per round, ...} with the kernel / index_copy_ ratios."""
     import torch
 
@@ -56,8 +59,10 @@ def kv_write(args, k_cache, slots) -> dict:
     from specfleet.engine.attention import write_kv
     from specfleet.engine.cpu.attention import load_kernel
 
-    qkv = torch.randn(args.seqs * args.tokens, (9 + 2 * 3) * 64).to(k_cache.dtype)
-    k, v = qkv[:, 576:768].view(-1, 3, 64), qkv[:, 768:].view(-1, 3, 64)
+    q_size, kv_heads, head_dim = q.shape[1] * q.shape[2], k_cache.shape[2], k_cache.shape[3]
+    kv_size = kv_heads * head_dim
+    qkv = torch.randn(q.shape[0], q_size + 2 * kv_size).to(k_cache.dtype)      # the fused projection's output
+    k, v = (qkv[:, start:start + kv_size].view(-1, kv_heads, head_dim) for start in (q_size, q_size + kv_size))
     caches = (k_cache.clone(), k_cache.clone())
     writes = {"kernel": load_kernel().write_kv, "index_copy_": write_kv}
     times = alternating_rounds({name: (lambda f=f: f(*caches, k, v, slots)) for name, f in writes.items()},
@@ -91,6 +96,7 @@ def main() -> None:
                       f"{row['median_ms']:.3f} ({min(row['ms']):.3f}-{max(row['ms']):.3f})", f"{row['max_abs_error']:.1e}")
     Console().print(table)
     print("this tree / against per round:", ", ".join(f"{r:.2f}" for r in result["ratios"]))
+    print("outputs bit for bit equal:", result["identical"])
     write = result["kv_write"]
     print("K/V write, ms median (min-max): " + "; ".join(
         f"{name} {statistics.median(write[name]):.3f} ({min(write[name]):.3f}-{max(write[name]):.3f})"

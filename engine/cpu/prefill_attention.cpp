@@ -53,6 +53,37 @@ struct Shape {
 
 inline int64_t steps_of(int64_t keys) { return (keys + KEYS - 1) / KEYS; }
 
+// Position `pos`'s row of KV head `kv` in a paged cache, through the sequence's block table.
+template <typename T>
+inline const T* cache_row(const Shape& s, const T* cache, const int32_t* table, int64_t pos, int64_t kv) {
+  return cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * s.head_dim;
+}
+
+// The rows of work item (seq, kv, tile): (token, query head of this KV head) for the tile's tokens. A
+// block of R rows past the last real row takes that row in their place: they see what it sees, and are
+// never written out.
+struct TileRows {
+  const Shape& s;
+  int64_t seq, kv, first, group, offset;   // offset: keys before the chunk (a cached prefix)
+  int64_t rows, stride;                    // real rows; keys the last row sees, in whole slabs
+  TileRows(const Shape& shape, int64_t seq_, int64_t kv_, int64_t tile, int64_t ctx)
+      : s(shape), seq(seq_), kv(kv_), first(tile * TILE), group(shape.q_heads / shape.kv_heads),
+        offset(ctx - shape.query_len) {
+    const int64_t tokens = std::min(TILE, s.query_len - first);
+    rows = tokens * group;
+    stride = steps_of(offset + first + tokens) * KEYS;
+  }
+  int64_t real(int64_t r) const { return std::min(r, rows - 1); }
+  // element offset of row r in q and in the output
+  int64_t at(int64_t r) const {
+    r = real(r);
+    return ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * s.head_dim;
+  }
+  int64_t visible(int64_t r) const { return offset + first + real(r) / group + 1; }   // keys row r sees
+  int64_t steps(int64_t r0) const { return steps_of(visible(r0 + R - 1)); }           // slabs block r0 sees
+  int64_t written(int64_t r0) const { return std::min<int64_t>(R, rows - r0); }        // real rows of block r0
+};
+
 // kt[x * KEYS + j] = key (first + j)'s element x, for the slab of keys [first, first + KEYS) of KV head
 // `kv`; past the context the last key is repeated (finite, and never weighted).
 template <typename T>
@@ -61,8 +92,7 @@ void transpose_slab(const Shape& s, const T* k_cache, const int32_t* table, int6
   const int64_t d = s.head_dim;
   for (int64_t j = 0; j < KEYS; ++j) {
     const int64_t pos = std::min(first + j, ctx - 1);
-    const int64_t slot = table[pos / s.block_size] * s.block_size + pos % s.block_size;
-    const T* key = k_cache + (slot * s.kv_heads + kv) * d;
+    const T* key = cache_row(s, k_cache, table, pos, kv);
     for (int64_t x = 0; x < d; ++x) kt[x * KEYS + j] = widen(key[x]);
   }
 }
@@ -129,40 +159,31 @@ struct Scratch {
 };
 
 // Tile `tile` of sequence `seq` for KV head `kv` over its transposed keys `kt` (steps_of(ctx) slabs), R rows
-// at a time from scores to output: a block's scores stay in L1 and its weighted sums in registers. Rows are
-// (token, query head of this KV head); a block past the last real row repeats it and is never written out.
+// at a time from scores to output (`TileRows`): a block's scores stay in L1 and its weighted sums in registers.
 template <typename T>
 void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const T* q, const float* kt,
                  const T* v_cache, const int32_t* table, int64_t ctx, float scale, T* out, Scratch<T>& w) {
-  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
-  const int64_t first = tile * TILE, tokens = std::min(TILE, s.query_len - first), rows = tokens * group;
-  const int64_t offset = ctx - s.query_len, stride = steps_of(offset + first + tokens) * KEYS;   // keys before the chunk
-  auto row_at = [&](int64_t r) {   // element offset of row r (past the last real row: the last one)
-    r = std::min(r, rows - 1);
-    return ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
-  };
-  auto visible = [&](int64_t r) { return offset + first + std::min(r, rows - 1) / group + 1; };
+  const TileRows t(s, seq, kv, tile, ctx);
+  const int64_t d = s.head_dim;
   w.q.resize(R * d);
-  w.scores.resize(R * stride);
-  w.values.resize(stride);
-  for (int64_t j = 0; j < stride; ++j) {       // past the context: the last value (finite, never weighted)
-    const int64_t pos = std::min(j, ctx - 1);
-    w.values[j] = v_cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * d;
-  }
-  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+  w.scores.resize(R * t.stride);
+  w.values.resize(t.stride);
+  for (int64_t j = 0; j < t.stride; ++j)       // past the context: the last value (finite, never weighted)
+    w.values[j] = cache_row(s, v_cache, table, std::min(j, ctx - 1), kv);
+  for (int64_t r0 = 0; r0 < t.rows; r0 += R) {
     T* out_rows[R];
     float inv[R];
     for (int r = 0; r < R; ++r) {
-      const T* src = q + row_at(r0 + r);
+      const T* src = q + t.at(r0 + r);
       for (int64_t x = 0; x < d; ++x) w.q[r * d + x] = widen(src[x]) * scale;
-      out_rows[r] = out + row_at(r0 + r);
+      out_rows[r] = out + t.at(r0 + r);
     }
-    const int64_t steps = steps_of(visible(r0 + R - 1));                 // the block's last row sees the most
+    const int64_t steps = t.steps(r0);
     for (int64_t step = 0; step < steps; ++step)
-      score(w.q.data(), kt + step * d * KEYS, d, &w.scores[step * KEYS], stride);
-    for (int r = 0; r < R; ++r) inv[r] = 1.f / softmax_row(&w.scores[r * stride], visible(r0 + r), steps * KEYS);
+      score(w.q.data(), kt + step * d * KEYS, d, &w.scores[step * KEYS], t.stride);
+    for (int r = 0; r < R; ++r) inv[r] = 1.f / softmax_row(&w.scores[r * t.stride], t.visible(r0 + r), steps * KEYS);
     for (int64_t col = 0; col < d; col += 16)
-      weigh_strip(w.scores.data(), stride, w.values.data(), steps * KEYS, col, inv, out_rows, std::min<int64_t>(R, rows - r0));
+      weigh_strip(w.scores.data(), t.stride, w.values.data(), steps * KEYS, col, inv, out_rows, t.written(r0));
   }
 }
 
@@ -184,10 +205,6 @@ inline uint32_t word_at(const uint16_t* row, int64_t i) {   // elements i and i 
   uint32_t w;
   __builtin_memcpy(&w, row + i, sizeof w);
   return w;
-}
-
-inline const uint16_t* cache_row(const Shape& s, const uint16_t* cache, const int32_t* table, int64_t pos, int64_t kv) {
-  return cache + ((table[pos / s.block_size] * s.block_size + pos % s.block_size) * s.kv_heads + kv) * s.head_dim;
 }
 
 // kt[p * KEYS + j] = key (first + j)'s elements 2p, 2p + 1; vt[jp * d + x] = element x of values
@@ -305,35 +322,28 @@ struct Scratch {
 // registers. Rows are read from `q` and written to `out` in place.
 inline void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const uint16_t* q, const uint32_t* kt,
                         const uint32_t* vt, int64_t ctx, float scale, uint16_t* out, Scratch& w) {
-  const int64_t d = s.head_dim, half = d / 2, group = s.q_heads / s.kv_heads;
-  const int64_t first = tile * TILE, tokens = std::min(TILE, s.query_len - first), rows = tokens * group;
-  const int64_t offset = ctx - s.query_len, stride = steps_of(offset + first + tokens) * KEYS;
-  auto row_at = [&](int64_t r) {   // element offset of row r (past the last real row: the last one)
-    r = std::min(r, rows - 1);
-    return ((seq * s.query_len + first + r / group) * s.q_heads + kv * group + r % group) * d;
-  };
-  auto visible = [&](int64_t r) { return offset + first + std::min(r, rows - 1) / group + 1; };
-  w.scores.resize(R * stride);
-  w.p.resize(R * stride);
-  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+  const TileRows t(s, seq, kv, tile, ctx);
+  const int64_t d = s.head_dim, half = d / 2;
+  w.scores.resize(R * t.stride);
+  w.p.resize(R * t.stride);
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(w.p.data());
+  for (int64_t r0 = 0; r0 < t.rows; r0 += R) {
     const uint32_t* q_rows[R];
     uint16_t* out_rows[R];
     float inv[R];
     for (int r = 0; r < R; ++r) {
-      q_rows[r] = reinterpret_cast<const uint32_t*>(q + row_at(r0 + r));
-      out_rows[r] = out + row_at(r0 + r);
+      q_rows[r] = reinterpret_cast<const uint32_t*>(q + t.at(r0 + r));
+      out_rows[r] = out + t.at(r0 + r);
     }
-    const int64_t steps = steps_of(visible(r0 + R - 1)), padded = steps * KEYS;   // the block's last row sees the most
+    const int64_t steps = t.steps(r0);
     int64_t step = 0;
-    for (; step + 2 <= steps; step += 2) score<2>(q_rows, kt + step * half * KEYS, half, &w.scores[step * KEYS], stride, scale);
-    if (step < steps) score<1>(q_rows, kt + step * half * KEYS, half, &w.scores[step * KEYS], stride, scale);
+    for (; step + 2 <= steps; step += 2) score<2>(q_rows, kt + step * half * KEYS, half, &w.scores[step * KEYS], t.stride, scale);
+    if (step < steps) score<1>(q_rows, kt + step * half * KEYS, half, &w.scores[step * KEYS], t.stride, scale);
     for (int r = 0; r < R; ++r)
-      inv[r] = 1.f / softmax_row_bf16(&w.scores[r * stride], visible(r0 + r), padded, &w.p[r * stride]);
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(w.p.data());
-    const int64_t real = std::min<int64_t>(R, rows - r0);
+      inv[r] = 1.f / softmax_row_bf16(&w.scores[r * t.stride], t.visible(r0 + r), steps * KEYS, &w.p[r * t.stride]);
     int64_t col = 0;
-    for (; col + 64 <= d; col += 64) weigh_values<4>(p, stride / 2, vt, steps, d, col, inv, out_rows, real);
-    for (; col < d; col += 16) weigh_values<1>(p, stride / 2, vt, steps, d, col, inv, out_rows, real);
+    for (; col + 64 <= d; col += 64) weigh_values<4>(p, t.stride / 2, vt, steps, d, col, inv, out_rows, t.written(r0));
+    for (; col < d; col += 16) weigh_values<1>(p, t.stride / 2, vt, steps, d, col, inv, out_rows, t.written(r0));
   }
 }
 

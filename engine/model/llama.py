@@ -153,9 +153,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
     def forward(self, rope, x, residual, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's MLP output, the residual stream before it). `x` is the previous layer's MLP output,
-        added to the stream in this layer's input norm (one pass, not an add and a norm); the first layer
-        gets the embeddings as `x` and no stream."""
+        """(this layer's MLP output, the residual stream it is still to be added to). `x` is the previous
+        layer's MLP output, added to the stream in this layer's input norm (one pass, not an add and a
+        norm); the first layer gets the embeddings as `x` and no stream."""
         if residual is None:
             residual, normed = x, self.input_layernorm(x)
         else:

@@ -1,6 +1,7 @@
 """`ApiClient`: the few Kubernetes verbs the node agent, the gateway and `specfleet up` need, over aiohttp.
 
-Plain dicts in and out, merge patches only; a 404 on get is None, any other error is `ApiCallError`.
+Plain dicts in and out, merge patches only; a 404 on get is None, any other error is `ApiCallError`
+(`forbidden` on a 403: RBAC refused it, and the message names the user, verb, resource and namespace).
 `watch` follows one kind as a stream of (type, object) events, the way an informer does.
 """
 from __future__ import annotations
@@ -42,6 +43,10 @@ class ApiCallError(Exception):
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+
+    @property
+    def forbidden(self) -> bool:
+        return self.status == 403
 
 
 def server_url(kubeconfig: str | Path) -> str:
@@ -174,6 +179,7 @@ class Informer:
     retry_s: float = 0.5
     namespace: str | None = None
     fields: str | None = None
+    forbidden_retry_s: float = 60.0           # RBAC refused the list or watch: it may be granted later
 
     async def run(self, on_change: Callable[[], None]) -> None:
         while True:
@@ -190,7 +196,15 @@ class Informer:
                     else:
                         continue      # BOOKMARK
                     on_change()
-            except (ApiCallError, aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            except ApiCallError as exc:
+                if not exc.forbidden:
+                    log.debug("%s watch: %s; listing again", self.kind, exc)
+                    await asyncio.sleep(self.retry_s)
+                    continue
+                log.warning("missing RBAC permission: %s; following the rest, trying again in %.0f s", exc.message,
+                            self.forbidden_retry_s)
+                await asyncio.sleep(self.forbidden_retry_s)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 log.debug("%s watch: %s; listing again", self.kind, exc)
                 await asyncio.sleep(self.retry_s)
 

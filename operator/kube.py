@@ -5,6 +5,10 @@ Uses the `kubernetes` client with raw JSON in and out (no model classes), so wha
 is exactly what is sent and compared. `apply` writes only when the live object drifted from the
 desired one (`is_subset`), which keeps reconciliation idempotent and cheap.
 
+A `403` is not transient (`transient` says no) but may be fixed at any time by an RBAC change: `forbidden`
+gives its Status message, which names the user, verb, resource and namespace, for the handlers to report
+and retry every `FORBIDDEN_RETRY_S`.
+
 Every call has a timeout (`SPECFLEET_API_TIMEOUT` seconds, default 30): the client's default is none,
 so a hung API server would block a handler (and its worker thread) forever instead of failing it into
 kopf's retry.
@@ -21,6 +25,7 @@ from specfleet.operator.api import GROUP, PLURAL, VERSION
 MERGE = "application/merge-patch+json"
 EVENT_SOURCE = "specfleet-operator"
 DEFAULT_TIMEOUT_S = 30.0
+FORBIDDEN_RETRY_S = 60.0
 
 
 def request_timeout() -> float:
@@ -86,6 +91,15 @@ class Kube:
         if isinstance(exc, self.client.ApiException):
             return exc.status in (0, 409, 429) or (exc.status or 0) >= 500
         return isinstance(exc, (urllib3.exceptions.HTTPError, OSError))
+
+    def forbidden(self, exc: BaseException) -> str | None:
+        """The server's message for a 403 (`deployments.apps "x" is forbidden: User "..." cannot patch ...`)."""
+        if not isinstance(exc, self.client.ApiException) or exc.status != 403:
+            return None
+        try:
+            return json.loads(exc.body or "{}").get("message") or "Forbidden"
+        except (TypeError, ValueError, AttributeError):
+            return str(exc.body or exc.reason or "Forbidden")
 
     @classmethod
     def from_environment(cls) -> "Kube":

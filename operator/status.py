@@ -60,6 +60,12 @@ def invalid(errors: Iterable[str], generation: int, previous: Sequence[dict], no
             "conditions": merge_conditions(previous, conditions, now, generation)}
 
 
+def forbidden(message: str, generation: int, previous: Sequence[dict], now: str) -> dict:
+    """The status patch when the API refused a write or read (RBAC): Degraded, reason Forbidden."""
+    conditions = [Condition("Degraded", TRUE, "Forbidden", f"missing RBAC permission: {message}")]
+    return {"phase": "Degraded", "conditions": merge_conditions(previous, conditions, now, generation)}
+
+
 def rollout(desired: int, replicas: int, ready: int, previous: Sequence[dict], now: str,
             generation: int | None = None) -> dict:
     """Ready/Progressing from the Deployment's replica counts."""

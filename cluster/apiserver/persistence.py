@@ -1,4 +1,5 @@
-"""Optional persistence: the whole store as one JSON file, saved shortly after changes and on shutdown."""
+"""Optional persistence: the whole store (and the issued ServiceAccount tokens, as digests) as one JSON file,
+saved shortly after changes and on shutdown."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from specfleet.cluster.apiserver.auth import TokenAuthority
 from specfleet.cluster.apiserver.store import Event, Store
 
 log = logging.getLogger(__name__)
@@ -17,6 +19,7 @@ log = logging.getLogger(__name__)
 class StateFile:
     path: Path
     store: Store
+    tokens: TokenAuthority | None = None
     delay: float = 0.2
     loop: asyncio.AbstractEventLoop | None = None
     dirty: bool = False
@@ -24,10 +27,16 @@ class StateFile:
     def load(self) -> bool:
         if not self.path.exists() or self.path.stat().st_size == 0:
             return False
-        self.store.restore(json.loads(self.path.read_text()))
+        data = json.loads(self.path.read_text())
+        self.store.restore(data)
+        if self.tokens is not None:
+            self.tokens.restore(data.get("tokens") or [])
         return True
 
     def on_event(self, _: Event) -> None:
+        self.changed()
+
+    def changed(self) -> None:
         if self.dirty:
             return
         self.dirty = True
@@ -36,7 +45,10 @@ class StateFile:
 
     def save(self) -> None:
         self.dirty = False
-        data = json.dumps(self.store.snapshot(), separators=(",", ":"))
+        state = self.store.snapshot()
+        if self.tokens is not None:
+            state["tokens"] = self.tokens.snapshot()
+        data = json.dumps(state, separators=(",", ":"))
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(data)

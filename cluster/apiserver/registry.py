@@ -68,6 +68,10 @@ class ResourceType:
         if self.key == "/pods":                  # the scheduler's verb: POST a Binding
             out.append({"name": "pods/binding", "singularName": "", "namespaced": True, "kind": "Binding",
                         "verbs": ["create"]})
+        if self.key == "/serviceaccounts":       # the TokenRequest API (`kubectl create token`)
+            out.append({"name": "serviceaccounts/token", "singularName": "", "namespaced": True,
+                        "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
+                        "verbs": ["create"]})
         if self.status:
             out.append({"name": f"{self.plural}/status", "singularName": "", "namespaced": self.namespaced,
                         "kind": self.kind, "verbs": SUB_VERBS})

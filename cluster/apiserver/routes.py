@@ -8,7 +8,10 @@ from typing import Any
 
 from aiohttp import web
 
-from specfleet.cluster.apiserver import errors, openapi, table
+from specfleet.cluster.apiserver import errors, openapi, protobuf, table
+from specfleet.cluster.apiserver.auth import (ANONYMOUS, SA_KEY, USER, TokenAuthority, self_subject_review,
+                                              token_request)
+from specfleet.cluster.apiserver.authz import Authorizer
 from specfleet.cluster.apiserver.errors import ApiError, Cause, bad_request, method_not_allowed, unsupported_media
 from specfleet.cluster.apiserver.pods import PODS_KEY
 from specfleet.cluster.apiserver.registry import Registry, ResourceType
@@ -20,6 +23,7 @@ VERSION = {"major": "1", "minor": "37", "gitVersion": "v1.37.0-specfleet", "gitC
            "gitTreeState": "clean", "buildDate": "2025-01-01T00:00:00Z", "goVersion": "python",
            "compiler": "cpython", "platform": "linux/amd64"}
 SUBRESOURCE_METHODS = ("GET", "PUT", "PATCH")
+POST_ONLY = ("binding", "token")           # pods/binding, serviceaccounts/token
 NOT_FOUND = ApiError(404, "NotFound", "the server could not find the requested resource")
 
 
@@ -67,7 +71,7 @@ def parse_target(registry: Registry, group: str, version: str, tail: str) -> Tar
     sub = segs[2] if len(segs) > 2 else None
     if sub and not ((sub == "status" and rt.status) or (sub == "scale" and rt.scale) or
                     (sub == "finalize" and rt.plural == "namespaces") or
-                    (sub == "binding" and rt.key == PODS_KEY)):
+                    (sub == "binding" and rt.key == PODS_KEY) or (sub == "token" and rt.key == SA_KEY)):
         raise NOT_FOUND
     if rt.namespaced and name is not None and ns is None:
         raise NOT_FOUND
@@ -123,6 +127,16 @@ async def json_body(request: web.Request) -> Any:
         raise bad_request(f"error decoding body: {exc}") from None
 
 
+async def review_body(request: web.Request, kind: str) -> Any:
+    """A TokenRequest or SelfSubjectAccessReview body: JSON, or the protobuf kubectl sends for these two."""
+    if not protobuf.is_protobuf(request.content_type):
+        return await json_body(request)
+    try:
+        return protobuf.review_body(await request.read(), kind)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"error decoding body: {exc}") from None
+
+
 def delete_options(request: web.Request, body: Any) -> dict[str, Any]:
     options = dict(body) if isinstance(body, dict) else {}
     for key in ("propagationPolicy", "gracePeriodSeconds", "orphanDependents"):
@@ -138,6 +152,8 @@ class Api:
     """The aiohttp handlers, bound to one service."""
     service: Service
     bookmark_interval: float = 10.0
+    tokens: TokenAuthority | None = None
+    authorizer: Authorizer | None = None
 
     @property
     def registry(self) -> Registry:
@@ -149,6 +165,8 @@ class Api:
                 web.get("/api/{version}", self.core_resources), web.get("/apis", self.groups),
                 web.get("/apis/{group}", self.group), web.get("/apis/{group}/{version}", self.group_resources),
                 web.get("/openapi/v3", self.openapi_index), web.get("/openapi/v3/{path:.+}", self.openapi_doc),
+                web.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", self.access_review),
+                web.post("/apis/authentication.k8s.io/v1/selfsubjectreviews", self.whoami),
                 web.route("*", "/api/{version}/{tail:.+}", self.core_resource),
                 web.route("*", "/apis/{group}/{version}/{tail:.+}", self.group_resource)]
 
@@ -184,6 +202,16 @@ class Api:
         doc = openapi.document(self.registry, group, version) if version else None
         return reply(doc or raise_(NOT_FOUND))
 
+    async def access_review(self, request: web.Request) -> web.Response:
+        if self.authorizer is None:
+            raise NOT_FOUND
+        body = await review_body(request, "SelfSubjectAccessReview")
+        review = self.authorizer.access_review(request.get(USER, ANONYMOUS), body)
+        return reply(review, 201)
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        return reply(self_subject_review(request.get(USER, ANONYMOUS)), 201)
+
     async def core_resource(self, request: web.Request) -> web.StreamResponse:
         return await self.resource(request, "", request.match_info["version"])
 
@@ -194,7 +222,7 @@ class Api:
         target = parse_target(self.registry, group, version, request.match_info["tail"])
         handler = {"GET": self.read, "POST": self.create, "PUT": self.replace, "PATCH": self.patch,
                    "DELETE": self.delete}.get(request.method)
-        allowed = ("POST",) if target.subresource == "binding" else SUBRESOURCE_METHODS
+        allowed = ("POST",) if target.subresource in POST_ONLY else SUBRESOURCE_METHODS
         if handler is None or (target.subresource and request.method not in allowed):
             raise method_not_allowed()              # e.g. DELETE .../status: a real server has no such route
         return await handler(request, target)
@@ -231,6 +259,11 @@ class Api:
         if t.subresource == "binding":
             body, opts = await json_body(request), write_options(request)
             return reply(self.service.bind(t.rt, t.namespace or "", t.name or "", body, opts), 201)
+        if t.subresource == "token":
+            if self.tokens is None:
+                raise NOT_FOUND
+            body = await review_body(request, "TokenRequest")
+            return reply(token_request(self.tokens, t.namespace or "", t.name or "", body), 201)
         if t.name is not None:
             raise method_not_allowed()
         body, opts = await json_body(request), write_options(request)

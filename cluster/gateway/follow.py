@@ -77,6 +77,10 @@ class Announcer:
                 except ApiCallError as exc:
                     if exc.status == 404:
                         self.written[service] = count        # gone: nothing to tell
+                    elif exc.forbidden:                      # RBAC: the next count tries again, not a loop
+                        log.warning("missing RBAC permission: %s (held-requests annotation on %s)",
+                                    exc.message, service)
+                        self.written[service] = count
                     else:
                         log.warning("annotating %s with %d held requests: %s", service, count, exc)
                         self.wake.set()

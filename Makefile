@@ -34,3 +34,22 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The three images (images/*.Dockerfile), tagged with pyproject.toml's version, and a kind cluster's copy of
+# them: README.md "Toward a real cluster". tests/packaging/test_images.py holds each `-t` to the name its
+# Dockerfile declares, and the README's commands to these.
+VERSION  := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+REGISTRY := ghcr.io/specfleet
+IMAGES   := operator gateway engine
+
+.PHONY: images kind-load $(IMAGES:%=image-%) $(IMAGES:%=kind-load-%)
+
+images: $(IMAGES:%=image-%)       ## docker build the operator, gateway and engine images
+
+$(IMAGES:%=image-%): image-%:
+	docker build -f images/$*.Dockerfile -t $(REGISTRY)/$*:$(VERSION) .
+
+kind-load: $(IMAGES:%=kind-load-%)  ## build them and load them into the kind cluster (`kind create cluster` first)
+
+$(IMAGES:%=kind-load-%): kind-load-%: image-%
+	kind load docker-image $(REGISTRY)/$*:$(VERSION)

@@ -1,7 +1,8 @@
-"""Engine cost profile: the versioned JSON format, the step-time fit, and T(batch, context, q).
+"""Engine cost profile: the step-time fit (numpy, no torch) over the points `specfleet engine profile` measures.
 
-Pure (numpy only, no torch): the operator can load a profile written by `specfleet engine profile`
-(engine/profiler.py) without importing the engine. Per step kind (decode, verify, prefill) the fit is
+The format and T(batch, context, q) from fitted coefficients are pure Python in `profile_format`
+(re-exported here): that is all the operator imports, so its image needs no numpy. Per step kind
+(decode, verify, prefill) the fit is
 
     T = a + (s + sc * context) * batch + b * tokens + b2 * max(tokens - knee, 0) + c * tokens * context
                                                               tokens: computed per step (batch * q)
@@ -20,113 +21,17 @@ sequence) are fitted alone, s = sc = 0, no knee.
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-PROFILE_VERSION = 1
-STEP_KINDS = ("decode", "verify", "prefill")
+from specfleet.engine.profile_format import (PROFILE_VERSION, STEP_KINDS, Acceptance, Profile, StepFit, StepPoint,
+                                             from_json, load, save)
+
+__all__ = ["PROFILE_VERSION", "STEP_KINDS", "Acceptance", "Profile", "StepFit", "StepPoint", "fit_decode_and_verify",
+           "fit_profile", "fit_steps", "from_json", "load", "save"]
+
 MIN_KNEE_GAIN = 0.005        # relative RMS error a knee must remove to be kept: a visible bend, not noise
-
-
-@dataclass(frozen=True)
-class StepPoint:
-    """One measured step: `batch` sequences, each computing `q` tokens at `context` tokens of KV."""
-    kind: str
-    batch: int
-    context: int
-    q: int
-    median_s: float
-    spread_s: float          # max - min over the repeats
-    repeats: int
-    tokens: float | None = None   # mean tokens the timed steps computed (None: batch * q)
-
-    @property
-    def computed(self) -> float:
-        return self.tokens if self.tokens is not None else self.batch * self.q
-
-
-@dataclass(frozen=True)
-class StepFit:
-    a: float                 # seconds per step
-    b: float                 # seconds per token
-    c: float                 # seconds per token per context token (attention)
-    rel_rms_error: float
-    num_points: int
-    s: float = 0.0           # seconds per sequence, whatever its q
-    knee: float = 0.0        # tokens per step past which each token costs b + b2
-    b2: float = 0.0
-    sc: float = 0.0          # seconds per sequence per context token: its KV read once, whatever its q
-
-    def seconds(self, batch: float, context: float, q: float) -> float:
-        """q may be fractional: the mean tokens per sequence of a step where only some sequences draft."""
-        tokens = batch * q
-        past = np.maximum(tokens - self.knee, 0.0) if isinstance(tokens, np.ndarray) else max(tokens - self.knee, 0.0)
-        bend = self.b2 * past if self.b2 else 0.0          # arrays (the simulator) stay arrays, floats floats
-        return self.a + (self.s + self.sc * context) * batch + self.b * tokens + bend + self.c * tokens * context
-
-    @property
-    def b_past_knee(self) -> float:
-        """Seconds per token in a step of many tokens (a prompt chunk's)."""
-        return self.b + self.b2
-
-
-@dataclass(frozen=True)
-class Acceptance:
-    """n-gram speculation on one prompt set: accepted / drafted tokens at depth k."""
-    workload: str
-    k: int
-    draft_tokens: int
-    accepted_tokens: int
-    drafts: int | None = None             # sequence-steps that verified a draft
-    decode_seq_steps: int | None = None   # sequence-steps that decoded or verified
-
-    @property
-    def rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
-    @property
-    def draft_share(self) -> float | None:
-        """Drafted tokens per k decoding sequence-steps: n-gram drafts only where the context has a match,
-        and then maybe fewer than k tokens (None: not measured)."""
-        if not self.decode_seq_steps:
-            return None
-        return self.draft_tokens / (self.k * self.decode_seq_steps)
-
-
-@dataclass
-class Profile:
-    model: str
-    device: str
-    dtype: str
-    host: dict
-    engine_commit: str
-    created: str
-    points: list[StepPoint]
-    fit: dict[str, StepFit]
-    acceptance: list[Acceptance] = field(default_factory=list)
-    version: int = PROFILE_VERSION
-
-    def step_seconds(self, batch: int, context: int, q: int = 1) -> float:
-        """Predicted decode (q = 1) or verification (q = k + 1) step time."""
-        kind = "decode" if q == 1 else "verify"
-        if kind not in self.fit:
-            raise KeyError(f"the profile has no fit for {kind} steps")
-        return self.fit[kind].seconds(batch, context, q)
-
-    def prefill_seconds(self, chunk_tokens: int, context: int) -> float:
-        return self.fit["prefill"].seconds(1, context, chunk_tokens)
-
-    def to_json(self) -> dict:
-        out = {"version": self.version, "model": self.model, "device": self.device, "dtype": self.dtype,
-               "host": self.host, "engine_commit": self.engine_commit, "created": self.created,
-               "points": [asdict(p) for p in self.points],
-               "fit": {kind: asdict(f) for kind, f in self.fit.items()},
-               "acceptance": [dict(asdict(a), rate=a.rate, draft_share=a.draft_share) for a in self.acceptance]}
-        return out
 
 
 def fit_steps(points: list[StepPoint]) -> StepFit:
@@ -200,28 +105,3 @@ def fit_profile(points: list[StepPoint]) -> dict[str, StepFit]:
     if len(by_kind["prefill"]) >= 3:
         fits["prefill"] = fit_steps(by_kind["prefill"])
     return fits
-
-
-def from_json(data: dict) -> Profile:
-    version = data.get("version")
-    if version != PROFILE_VERSION:
-        raise ValueError(f"profile version {version!r} is not supported (expected {PROFILE_VERSION})")
-    try:
-        return Profile(
-            model=data["model"], device=data["device"], dtype=data["dtype"], host=data["host"],
-            engine_commit=data["engine_commit"], created=data["created"],
-            points=[StepPoint(**p) for p in data["points"]],
-            fit={kind: StepFit(**f) for kind, f in data["fit"].items()},
-            acceptance=[Acceptance(a["workload"], a["k"], a["draft_tokens"], a["accepted_tokens"], a.get("drafts"),
-                                   a.get("decode_seq_steps"))
-                        for a in data.get("acceptance", [])])
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"malformed profile: {exc}") from exc
-
-
-def load(path: str | Path) -> Profile:
-    return from_json(json.loads(Path(path).read_text()))
-
-
-def save(profile: Profile, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile.to_json(), indent=2) + "\n")

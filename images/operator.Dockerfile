@@ -1,10 +1,14 @@
-# The specfleet operator: kopf + the pure planner; no torch. Build from the repository root:
+# The specfleet operator: kopf + the pure planner; no torch, no numpy. Build from the repository root
+# (`make images` builds all three with pyproject.toml's version as the tag; this line declares the image's
+# name, and tests/packaging/test_images.py holds it to that version):
 #   docker build -f images/operator.Dockerfile -t ghcr.io/specfleet/operator:0.1.0 .
 FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 RUN python -m venv /opt/specfleet
 COPY pyproject.toml setup.py README.md ./
+COPY crds/ crds/
+COPY manifests/ manifests/
 COPY operator/ operator/
 COPY cluster/ cluster/
 COPY cli/ cli/

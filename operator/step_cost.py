@@ -8,7 +8,7 @@ re-exported here.
 - `perfmodel.Roofline`: the formula over the model's shape and a calibration (BW_eff, FLOPS_eff,
   t_fixed); what every accelerator without a profile plans with.
 - `ProfileCost`: the fits T = a + b.tokens + c.tokens.context per step kind of an engine profile
-  (`specfleet engine profile`, `specfleet.engine.profile_model`), times a per-kind scale that the
+  (`specfleet engine profile`, `specfleet.engine.profile_format`), times a per-kind scale that the
   control loop refines online from the engines' step times (`refine`).
 
 `CostSource` says which one a service model uses and how well it fits: `status.calibration`.
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specfleet.engine.profile_model import Profile, StepFit
+from specfleet.engine.profile_format import Profile, StepFit
 from specfleet.operator.perfmodel import Roofline, StepCost
 
 __all__ = ["CostSource", "ObservedStep", "ProfileCost", "Roofline", "StepCost", "fit_error", "planned_source",

@@ -1,9 +1,9 @@
 """The profile catalogue: measured engine profiles (`profiles/<model>--<accelerator>.json`) by
 (model, accelerator type).
 
-Each file is what `specfleet engine profile` writes (`specfleet.engine.profile_model`). A file that
-cannot be read or priced is kept as an entry with its error, so that planning falls back to the
-roofline and says why instead of failing.
+Each file is what `specfleet engine profile` writes, read with `specfleet.engine.profile_format` (pure
+Python: the operator's image has no numpy). A file that cannot be read or priced is kept as an entry
+with its error, so that planning falls back to the roofline and says why instead of failing.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
-from specfleet.engine import profile_model
+from specfleet.engine import profile_format
 from specfleet.operator.api import ModelRef
 from specfleet.operator.catalogs.loader import normalize
 from specfleet.operator.step_cost import ProfileCost, profile_cost
@@ -57,7 +57,7 @@ def _names(model: ModelRef) -> list[str]:
 def read_entry(path: Path) -> ProfileEntry:
     """One profile file as an entry; a file that cannot be used becomes an entry with its error."""
     try:
-        return ProfileEntry(path.stem, profile_cost(profile_model.load(path), path.stem))
+        return ProfileEntry(path.stem, profile_cost(profile_format.load(path), path.stem))
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
         return ProfileEntry(path.stem, None, f"profile {path.name} is unusable: {exc}")
 

@@ -71,6 +71,17 @@ def test_the_fresh_environment_imports_specfleet_from_the_wheel(fresh_venv, tmp_
     assert crds == "1"
 
 
+def test_up_reads_the_operator_and_gateway_manifests_and_their_rbac_from_the_wheel(fresh_venv, tmp_path):
+    out = sh(fresh_venv / "bin/python", "-c", "from specfleet.cluster import manifest_commands as m, service_accounts "
+             "as s; print(m.manifest(m.OPERATOR)); "
+             "print(' '.join(sorted({o['kind'] for o in s.rbac_objects()}))); "
+             "print(m.operator_command(m.Local()).args[:2], m.gateway_command(m.Local()).args[:2])", cwd=tmp_path)
+    operator_yaml, kinds, commands = out.splitlines()
+    assert Path(operator_yaml).is_relative_to(fresh_venv), out
+    assert kinds == "ClusterRole ClusterRoleBinding Namespace Role RoleBinding ServiceAccount"
+    assert commands == "('operator', 'run') ('gateway', 'run')"
+
+
 def test_plan_reads_an_example_shipped_in_the_wheel(fresh_venv, tmp_path):
     site = Path(sh(fresh_venv / "bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
                    cwd=tmp_path).strip())
@@ -95,8 +106,9 @@ def test_up_serves_from_the_fresh_environment_and_stops_cleanly(fresh_venv, tmp_
                 return any(m["specfleet"]["readyReplicas"] for m in json.loads(response.read())["data"])
 
         wait_for(lambda: proc.poll() is None and ready(), timeout=90, every=0.5)
-        operator = json.loads((tmp_path / ".specfleet/fleet.json").read_text())["operatorPid"]
-        assert Path(f"/proc/{operator}/cmdline").read_bytes().split(b"\0")[0].decode().startswith(str(fresh_venv))
+        info = json.loads((tmp_path / ".specfleet/fleet.json").read_text())
+        for pid in (info["operatorPid"], info["gatewayPid"]):
+            assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().startswith(str(fresh_venv))
         proc.send_signal(signal.SIGINT)
         assert proc.wait(40) == 0
         assert not (tmp_path / ".specfleet/fleet.json").exists()

@@ -4,6 +4,7 @@ Heavy imports (kopf, kubernetes) happen inside the commands.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -21,13 +22,45 @@ def _operator() -> None:
 def run(namespace: list[str] = typer.Option([], "--namespace", "-n", help="Namespace to watch (repeatable)."),
         all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace."),
         liveness: Optional[str] = typer.Option(None, help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz"),
-        verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
+        verbose: bool = typer.Option(False, "--verbose", "-v"),
+        leader_elect: bool = typer.Option(False, "--leader-elect",
+                                          help="Act only while holding a coordination.k8s.io Lease (replicas > 1); "
+                                               "identity from $POD_NAME, else hostname_pid."),
+        lease_name: str = typer.Option("specfleet-operator", "--lease-name", help="The Lease's name."),
+        lease_namespace: Optional[str] = typer.Option(None, "--lease-namespace",
+                                                      help="The Lease's namespace (default: $POD_NAMESPACE, "
+                                                           "else specfleet-system)."),
+        lease_duration: int = typer.Option(15, "--lease-duration", min=1,
+                                           help="Seconds a follower waits after the last renewal it saw."),
+        renew_deadline: float = typer.Option(10.0, "--renew-deadline",
+                                             help="Seconds without a renewal after which the leader exits."),
+        retry_period: float = typer.Option(2.0, "--retry-period",
+                                           help="Seconds between attempts to acquire or renew."),
+        prometheus_url: Optional[str] = typer.Option(None, "--prometheus-url", envvar="SPECFLEET_PROMETHEUS_URL",
+                                                     help="Read engine metrics from this Prometheus (one query per "
+                                                          "interval for the fleet; pods it lacks are scraped "
+                                                          "directly). Default: scrape each pod.")) -> None:
     """Run the operator (kopf, standalone) against the cluster in KUBECONFIG or in-cluster config."""
     if bool(namespace) == all_namespaces:
         raise typer.BadParameter("give --namespace NS (one or more) or --all-namespaces")
+    if prometheus_url:
+        if not prometheus_url.startswith(("http://", "https://")):
+            raise typer.BadParameter(f"--prometheus-url must be an http(s) URL, got {prometheus_url!r}")
+        os.environ["SPECFLEET_PROMETHEUS_URL"] = prometheus_url      # read with the loop's other settings
+    from specfleet.operator import leader
+    from specfleet.operator.main import identity_from_environment, lease_namespace_from_environment
     from specfleet.operator.main import run as run_operator
 
-    run_operator(namespaces=namespace, clusterwide=all_namespaces, liveness=liveness, verbose=verbose)
+    election = None
+    if leader_elect:
+        try:
+            election = leader.ElectionConfig(identity_from_environment(), lease_name,
+                                             lease_namespace_from_environment(lease_namespace), lease_duration,
+                                             renew_deadline, retry_period)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    run_operator(namespaces=namespace, clusterwide=all_namespaces, liveness=liveness, verbose=verbose,
+                 election=election)
 
 
 def plan_cmd(file: Path = typer.Option(..., "--file", "-f", exists=True, dir_okay=False,

@@ -9,15 +9,22 @@ lets an alert clear soon after the burn stops.
 
 Pure: the caller feeds cumulative counts (requests that met both targets, requests in all) with their
 time; `FleetCounts` folds the pods' counters into those, a pod restart's reset included.
+
+The report carries each window's counts and the history's length, so an operator that restarts seeds
+its windows from `status.errorBudget` (`restore`) instead of starting them empty: the counts between
+two window edges are spread evenly over that span, which gives every window exactly its reported
+counts at the moment of the report, and the windows slide on from there.
 """
 from __future__ import annotations
 
+import datetime as dt
 from collections import deque
 from dataclasses import dataclass, field
 
 WINDOWS_S = (300.0, 1800.0, 3600.0, 21600.0)      # 5m, 30m, 1h, 6h
 FAST_BURN = (3600.0, 300.0, 14.4)                 # long window, short window, burn-rate threshold
 SLOW_BURN = (21600.0, 1800.0, 6.0)
+SEED_STEP_S = 60.0                                # spacing of the samples a restore lays between window edges
 
 
 @dataclass(frozen=True)
@@ -35,10 +42,19 @@ class BudgetReport:
     at_risk: bool
     reason: str
     burn: str = ""                     # "fast" | "slow" while at risk, else ""
+    windows: dict[str, tuple[float, float]] = field(default_factory=dict)   # label -> (met, served)
+    history_s: float = 0.0             # how far back the samples reach (a window longer than it covers it all)
 
-    def as_status(self) -> dict:
-        return {"objective": self.objective, "attainment": self.attainment, "burnRate": self.burn_rate,
-                "atRisk": self.at_risk, "reason": self.reason}
+    def as_status(self, as_of: str | None = None) -> dict:
+        """`status.errorBudget`; with `as_of` (the report's wall time, RFC 3339) also the counts behind
+        each window and the history's length, what `restore` seeds a restarted operator's windows from."""
+        out = {"objective": self.objective, "attainment": self.attainment, "burnRate": self.burn_rate,
+               "atRisk": self.at_risk, "reason": self.reason}
+        if as_of is not None:
+            out.update(windows={label: {"met": round(met, 3), "served": round(served, 3)}
+                                for label, (met, served) in self.windows.items()},
+                       historySeconds=round(self.history_s, 1), asOf=as_of)
+        return out
 
 
 def window_label(seconds: float) -> str:
@@ -77,12 +93,13 @@ class ErrorBudget:
         return (1.0 - good / total) / max(1.0 - self.objective, 1e-9)
 
     def report(self) -> BudgetReport:
-        attainment, burn_rates = {}, {}
+        attainment, burn_rates, windows = {}, {}, {}
         for w in WINDOWS_S:
             good, total = self.counts(w)
             if total > 0:
                 attainment[window_label(w)] = round(good / total, 5)
                 burn_rates[window_label(w)] = round(self.burn_rate(w), 3)
+                windows[window_label(w)] = (good, total)
         at_risk, reason, burn = False, "", ""
         for name, (long_w, short_w, threshold) in (("fast", FAST_BURN), ("slow", SLOW_BURN)):
             long_b, short_b = self.burn_rate(long_w), self.burn_rate(short_w)
@@ -91,7 +108,49 @@ class ErrorBudget:
                 reason = (f"{name} burn: {long_b:.1f}x over {window_label(long_w)} and {short_b:.1f}x over "
                           f"{window_label(short_w)} (threshold {threshold}x of a {self.objective:g} objective)")
                 break
-        return BudgetReport(self.objective, attainment, burn_rates, at_risk, reason, burn)
+        history_s = self.samples[-1].t - self.samples[0].t if self.samples else 0.0
+        return BudgetReport(self.objective, attainment, burn_rates, at_risk, reason, burn, windows, history_s)
+
+    @classmethod
+    def seeded(cls, objective: float, windows: dict[str, tuple[float, float]], history_s: float,
+               t_last: float) -> "ErrorBudget":
+        """A budget whose windows hold `windows` (label -> (met, served)) at `t_last`, over a history of
+        `history_s`; its cumulative counts end at the longest window's (`FleetCounts` goes on from there)."""
+        budget = cls(objective)
+        if not windows:
+            return budget
+        span = min(max(history_s, 0.0), max(WINDOWS_S))
+        met_all, served_all = max(windows.values(), key=lambda c: c[1])
+        edges = {t_last - span: (0.0, 0.0), t_last: (met_all, served_all)}
+        for w in WINDOWS_S:
+            if w < span and window_label(w) in windows:
+                met, served = windows[window_label(w)]
+                edges[t_last - w] = (max(0.0, met_all - met), max(0.0, served_all - served))
+        points = sorted(edges.items())
+        for (t0, (g0, n0)), (t1, (g1, n1)) in zip(points, points[1:]):
+            steps = max(1, int((t1 - t0) // SEED_STEP_S))
+            for i in range(steps):
+                f = i / steps
+                budget.samples.append(BudgetSample(t0 + f * (t1 - t0) if i else t0, g0 + f * (g1 - g0),
+                                                   n0 + f * (n1 - n0)))
+        budget.samples.append(BudgetSample(t_last, met_all, served_all))
+        return budget
+
+
+def restore(saved: dict | None, objective: float, now_wall: float, now_t: float) -> ErrorBudget | None:
+    """The budget a restarted operator goes on with, from the `status.errorBudget` an earlier one wrote
+    (`as_status(as_of)`), its age measured on the wall clock and carried onto the caller's clock `now_t`;
+    None when status holds no counts (a status from before they were written: the windows start empty)."""
+    saved = saved or {}
+    try:
+        windows = {label: (float(c["met"]), float(c["served"])) for label, c in (saved.get("windows") or {}).items()}
+        as_of = dt.datetime.fromisoformat(saved["asOf"].replace("Z", "+00:00")).timestamp()
+        history_s = float(saved.get("historySeconds", 0.0))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if not windows:
+        return None
+    return ErrorBudget.seeded(objective, windows, history_s, now_t - max(0.0, now_wall - as_of))
 
 
 SERVED = "specfleet:requests_slo_served"

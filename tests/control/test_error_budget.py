@@ -66,3 +66,36 @@ def test_history_older_than_the_longest_window_is_dropped():
 
 def test_window_labels():
     assert [window_label(s) for s in (300, 1800, 3600, 21600)] == ["5m", "30m", "1h", "6h"]
+
+
+def test_a_budget_seeded_from_its_report_reports_the_same_windows_then_slides_on():
+    budget = ErrorBudget(objective=0.99)
+    good, total = feed(budget, 0, 3600, rps=10, miss=0.001)
+    good, total = feed(budget, 3600, 1200, rps=10, miss=0.2, good=good, total=total)
+    report = budget.report()
+    seeded = ErrorBudget.seeded(0.99, report.windows, report.history_s, t_last=50_000.0)
+    again = seeded.report()
+    assert again.attainment == report.attainment and again.burn_rate == report.burn_rate
+    assert again.at_risk == report.at_risk and again.history_s == pytest.approx(report.history_s)
+    last = seeded.samples[-1]
+    for b, t0 in ((budget, 4800.0), (seeded, 50_000.0)):          # ten more minutes of good traffic on both
+        feed(b, t0, 600, rps=10, miss=0.0, good=b.samples[-1].good, total=b.samples[-1].total)
+    moved, original = seeded.report(), budget.report()
+    assert moved.attainment["5m"] == original.attainment["5m"] == 1.0
+    assert moved.attainment["1h"] == pytest.approx(original.attainment["1h"], abs=0.01)
+    assert seeded.samples[-1].total == pytest.approx(last.total + 6000)
+
+
+def test_restore_carries_the_report_across_the_wall_clock_gap_and_needs_the_counts():
+    from specfleet.operator.control.error_budget import restore
+
+    budget = ErrorBudget(objective=0.99)
+    feed(budget, 0, 900, rps=10, miss=0.02)
+    saved = budget.report().as_status("2026-01-01T00:00:00Z")
+    assert saved["windows"]["5m"] == {"met": pytest.approx(2940), "served": pytest.approx(3000)}
+    at = 1767225600.0                                               # 2026-01-01T00:00:00Z
+    restored = restore(saved, 0.99, now_wall=at + 120, now_t=7.0)   # a 2-minute restart, a new monotonic clock
+    assert restored.samples[-1].t == pytest.approx(7.0 - 120)
+    assert restored.report().attainment == saved["attainment"]
+    legacy = {k: v for k, v in saved.items() if k not in ("windows", "asOf", "historySeconds")}
+    assert restore(legacy, 0.99, at, 7.0) is None and restore(None, 0.99, at, 7.0) is None

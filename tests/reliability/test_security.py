@@ -55,6 +55,11 @@ RBAC_REASONS = {
     ("", "pods", "list"): "control loop: ready pods of a Service",
     ("", "pods", "watch"): "kopf-compatible pod lookups",
     ("", "pods", "patch"): "scale-down: controller.kubernetes.io/pod-deletion-cost on the pods chosen to go",
+    ("", "namespaces", "list"): "with --namespace, kopf follows the named namespaces (read only)",
+    ("", "namespaces", "watch"): "with --namespace, kopf follows the named namespaces (read only)",
+    ("coordination.k8s.io", "leases", "create"): "leader election: the Lease, the first time (Role, one namespace)",
+    ("coordination.k8s.io", "leases", "get"): "leader election: read the Lease (its name only)",
+    ("coordination.k8s.io", "leases", "update"): "leader election: acquire, renew, release (its name only)",
 }
 NEVER = {"delete", "deletecollection", "escalate", "bind", "impersonate", "*"}
 

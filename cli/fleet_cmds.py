@@ -24,13 +24,16 @@ def up(file: list[Path] = typer.Option([], "--file", "-f", help="InferenceServic
        node_memory: Optional[str] = typer.Option(None, envvar="SPECFLEET_NODE_MEMORY", help="Memory the local "
                                                  "node offers pods, e.g. 16Gi (default: this machine's)."),
        api_key_file: list[Path] = typer.Option([], help="File of API keys, one per line (repeatable): the "
-                                               "gateway then answers only 'Authorization: Bearer KEY'.")) -> None:
+                                               "gateway then answers only 'Authorization: Bearer KEY'."),
+       prometheus: Optional[bool] = typer.Option(None, "--prometheus/--no-prometheus", help="Run a Prometheus "
+                                                 "the control loop reads (default: when `prometheus` is on PATH).")
+       ) -> None:
     """Start the API emulator, operator, node agent and gateway; serve until Ctrl-C (or SIGTERM, SIGHUP)."""
     from specfleet.cluster import fleet
 
     config = fleet.FleetConfig(files=list(file), port=port, state_dir=state_dir, load=load, live=live,
                                node_cpus=node_cpus, node_memory=node_memory,
-                               api_key_files=list(api_key_file))
+                               api_key_files=list(api_key_file), prometheus=prometheus)
     try:
         lock, docs = fleet.preflight(config)
         with lock:

@@ -1,14 +1,22 @@
 """`specfleet up`: a whole fleet on one machine (docs/fleet.md).
 
-    API emulator (thread) <- CRD, InferenceService(s)
-    operator  (`specfleet operator run -A`, subprocess)  -> Deployment, Service, PDB, admin Secret
-    node agent (asyncio)  -> ReplicaSets, Pods (scheduled by their requests, each on its own 127.0.0.N),
-                             engine processes (`specfleet engine serve`), statuses
-    gateway   (asyncio, --port)  -> OpenAI API over the ready pods
+    API emulator (thread) <- CRD, manifests/' Namespace, ServiceAccounts and RBAC, InferenceService(s)
+    operator  (subprocess: manifests/operator.yaml's command line, its ServiceAccount's token)
+                          -> Deployment, Service, PDB, admin Secret
+    node agent (asyncio, admin credentials) -> ReplicaSets, Pods (scheduled by their requests, each on its
+                          own 127.0.0.N), engine processes (`specfleet engine serve`), statuses
+    gateway   (subprocess: manifests/gateway/deployment.yaml's command line, its ServiceAccount's token,
+                          --port) -> OpenAI API over the ready pods
+    Prometheus (subprocess, when on PATH) <- the pods the PodMonitors select (`prometheus.py`); the
+                          operator's control loop reads it, the shipped rules run in it
     load      (asyncio, --load PROFILE) -> requests through the gateway
 
-Everything lives under the state folder (`.specfleet/`): `kubeconfig`, `fleet.json` (pid, URLs),
-`lock` (held while up runs), `pids/` (operator and engine processes), `logs/`, `pods/` (volumes).
+The two command lines are the manifests' own with only a laptop's substitutions (`manifest_commands.py`);
+their credentials are tokens of the manifests' ServiceAccounts under the manifests' RBAC
+(`service_accounts.py`). Everything lives under the state folder (`.specfleet/`): `kubeconfig` (admin,
+for the user), `operator.kubeconfig` and `gateway.kubeconfig` (0600), `fleet.json` (pids, URLs), `lock`
+(held while up runs), `pids/` (operator, gateway, Prometheus and engine processes), `logs/`, `pods/`
+(volumes), `prometheus/` (its config, targets, rules and data).
 Preflight checks (already running, port, CR file, plan, model) fail with one line before anything starts.
 However `up` ends (Ctrl-C, SIGTERM, SIGHUP, its stdout closed) it stops every child; children it cannot
 stop (it was SIGKILLed) die with it (`children.py`).
@@ -34,12 +42,16 @@ from pathlib import Path
 
 import yaml
 
-from specfleet.cluster import resources
+from specfleet.cluster import manifest_commands, prometheus, resources, service_accounts
+from specfleet.cluster.apiserver.kubeconfig import ADMIN_USER, TOKEN   # `up` and its user administer the cluster
 from specfleet.cluster.children import die_with_parent, kill_group
+from specfleet.cluster.prometheus import LocalPrometheus
 
 KIND = "InferenceService"
 APPLYABLE = {"Namespace", "Secret", "ConfigMap", KIND}
 TEARDOWN_GRACE_S = 10.0
+OPERATOR_GRACE_S = 5.0
+GATEWAY_START_S = 60.0      # the gateway subprocess answers /health within this (imports on a busy machine)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # name -> [(seconds, concurrent clients)], repeated
@@ -69,6 +81,7 @@ class FleetConfig:
     node_cpus: float | None = None    # the local node's allocatable; None: this machine's
     node_memory: str | None = None
     api_key_files: list[Path] = field(default_factory=list)   # lock the gateway: keys, one per line
+    prometheus: bool | None = None    # run a Prometheus for the control loop; None: when the binary is on PATH
 
 
 # -- state folder ---------------------------------------------------------------------------------------
@@ -237,6 +250,30 @@ def cli_argv() -> list[str]:
     return [str(local)] if local.exists() else [sys.executable, "-m", "specfleet.cli.main"]
 
 
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def key_secret(config: FleetConfig) -> dict | None:
+    """The Secret the gateway's manifest names (`--api-key-secret NS/NAME`), holding `--api-key-file`'s keys,
+    as `kubectl create secret generic NAME --from-literal=keys=...` makes it; None without key files."""
+    import base64
+
+    from specfleet.cluster.gateway.keys import parse_secret_ref
+
+    keys = gateway_keys(config).file_keys
+    ref = manifest_commands.flag_value(manifest_commands.workload(manifest_commands.GATEWAY).args,
+                                       "--api-key-secret")
+    if not keys or ref is None:
+        return None
+    namespace, name = parse_secret_ref(ref)
+    data = base64.b64encode(("\n".join(keys) + "\n").encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace}, "data": {"keys": data}}
+
+
 class Fleet:
     def __init__(self, config: FleetConfig, docs: list[dict], console=None):
         from rich.console import Console
@@ -248,11 +285,15 @@ class Fleet:
         for sub in ("logs", "pids", "pods"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         self.operator: subprocess.Popen | None = None
+        self.gateway: subprocess.Popen | None = None
+        self.gateway_health: dict = {}      # the gateway's last /health: stats, readyReplicas per model
+        self.prometheus: LocalPrometheus | None = None
+        self.identities: dict[str, service_accounts.Identity] = {}
         self.api = None
-        self.gateway = None
         self.agent = None
         self.load_stats = {"profile": config.load, "phase": "", "clients": 0, "ok": 0, "failed": 0}
         self.failure: str | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.stop: asyncio.Event | None = None
         self.stopped_by: str | None = None
         self.stdout_open = True
@@ -289,17 +330,21 @@ class Fleet:
     def run(self) -> int:
         return asyncio.run(self._main())
 
+    def request_stop_threadsafe(self, why: str) -> None:
+        """Stop `up` from another thread (a program embedding it, a test), as a signal does."""
+        with contextlib.suppress(RuntimeError):        # the loop already closed: `up` has ended
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(self._request_stop, why)
+
     async def _main(self) -> int:
-        from specfleet.cluster.apiserver.kubeconfig import write_kubeconfig
         from specfleet.cluster.apiserver.server import ApiServer, ServerConfig
-        from specfleet.cluster.gateway import Gateway, GatewayConfig
         from specfleet.cluster.node_agent.agent import NodeAgent
         from specfleet.engine import builtin
 
         logging.basicConfig(filename=self.state_dir / "logs/fleet.log", level=logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:       # installed until the very end: a signal during teardown escalates
             loop.add_signal_handler(sig, self._request_stop, signal.Signals(sig).name)
         agent_stop = asyncio.Event()
@@ -307,24 +352,36 @@ class Fleet:
         tasks: list[asyncio.Task] = []
         try:
             self.api = ApiServer(ServerConfig(host="127.0.0.1", port=0)).start()
-            kubeconfig = write_kubeconfig(self.state_dir / "kubeconfig", self.api.url)
-            self.gateway = Gateway(self.api.url, GatewayConfig(host=self.config.host, port=self.config.port,
-                                                               api_keys=gateway_keys(self.config)))
-            try:
-                await self.gateway.start()
-            except OSError:
-                raise FleetError(f"port {self.config.port} is already in use on {self.config.host}")
+            endpoint = service_accounts.Endpoint.of(self.api)
+            kubeconfig = service_accounts.write_private_kubeconfig(self.state_dir / "kubeconfig", endpoint, TOKEN,
+                                                                   ADMIN_USER)     # the user's: the admin
             await self._register_crd()
-            self._start_operator(kubeconfig)
+            await self._apply_rbac(endpoint)
+            metrics_port = free_port(self.config.host)
+            self.prometheus = await self._start_prometheus()
+            local = manifest_commands.Local(host=self.config.host, gateway_port=self.config.port,
+                                            liveness_port=free_port(self.config.host), metrics_port=metrics_port,
+                                            api_keys=bool(gateway_keys(self.config).file_keys),
+                                            prometheus_url=self.prometheus.url if self.prometheus else None)
+            self.gateway = self._start("gateway", manifest_commands.gateway_command(local))
+            await self._until_gateway_answers()
+            self.operator = self._start("operator", manifest_commands.operator_command(local))
             self.agent = NodeAgent(self.api.url, self.state_dir, host_cache=str(builtin.cache_dir().parent),
-                                   on_event=self.say, allocatable=node_allocatable(self.config))
+                                   on_event=self.say, allocatable=node_allocatable(self.config), token=TOKEN)
             agent_task = asyncio.create_task(self.agent.run(agent_stop, TEARDOWN_GRACE_S))
             await self._apply_manifests()
             self._write_info()
             self.say(f"API emulator {self.api.url}; kubectl --kubeconfig {kubeconfig} get infsvc")
             self.say(f"gateway http://{self.config.host}:{self.config.port}/v1 (waiting for ready replicas)")
-            tasks = [asyncio.create_task(self._watch_ready()), asyncio.create_task(self._watch_operator()),
+            tasks = [asyncio.create_task(self._watch_ready()), asyncio.create_task(self._follow_gateway()),
+                     asyncio.create_task(self._watch_child(self.operator, "operator")),
+                     asyncio.create_task(self._watch_child(self.gateway, "gateway")),
                      asyncio.create_task(self._watch_stdout())]
+            if self.prometheus is not None:
+                operator_pod = prometheus.pod_of(manifest_commands.manifest(manifest_commands.OPERATOR).read_text(),
+                                                 self.config.host, {"metrics": metrics_port})
+                tasks.append(asyncio.create_task(prometheus.follow_pods(self.api.url, TOKEN, self.prometheus,
+                                                                        [operator_pod])))
             if self.config.load:
                 tasks.append(asyncio.create_task(self._load(self.config.load)))
             if self.live:
@@ -346,24 +403,90 @@ class Fleet:
     async def _register_crd(self) -> None:
         from specfleet.cluster.api_client import ApiClient
 
-        async with ApiClient(self.api.url, user_agent="specfleet-up") as api:
+        async with ApiClient(self.api.url, user_agent="specfleet-up", token=TOKEN) as api:
             await api.create(yaml.safe_load(resources.crd_text()))
 
-    def _start_operator(self, kubeconfig: Path) -> None:
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OMP_NUM_THREADS": "1"}
-        log = open(self.state_dir / "logs/operator.log", "ab")
-        self.operator = subprocess.Popen([*cli_argv(), "operator", "run", "-A"], env=env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=die_with_parent(),
-                                         cwd=self.state_dir)
-        log.close()
-        (self.state_dir / f"pids/operator-{self.operator.pid}").write_text(str(self.operator.pid))
-        self.say(f"operator started (pid {self.operator.pid}, log {self.state_dir / 'logs/operator.log'})")
+    async def _apply_rbac(self, endpoint: service_accounts.Endpoint) -> None:
+        """manifests/' ServiceAccounts and RBAC, a kubeconfig per component, the gateway's key Secret."""
+        try:
+            self.identities = await asyncio.to_thread(service_accounts.component_kubeconfigs, self.api.url,
+                                                      self.state_dir, endpoint)
+            secret = key_secret(self.config)
+            if secret is not None:
+                await asyncio.to_thread(service_accounts.apply, self.api.url, secret)
+        except service_accounts.RbacError as exc:
+            raise FleetError(f"applying manifests/' ServiceAccounts and RBAC: {exc}")
+
+    async def _start_prometheus(self) -> LocalPrometheus | None:
+        """The fleet's Prometheus (cluster/prometheus.py), which the operator's loop reads; None when off or
+        when the binary is missing (the loop then scrapes each pod, as without Prometheus on a cluster)."""
+        wanted = self.config.prometheus
+        if wanted is False:
+            return None
+        if LocalPrometheus.binary() is None:
+            if wanted:
+                raise FleetError("--prometheus: prometheus is not on PATH (Debian: apt-get install prometheus)")
+            self.say("prometheus is not on PATH: the operator scrapes each engine pod itself "
+                     "(apt-get install prometheus for the metrics plane)")
+            return None
+        local = LocalPrometheus(self.state_dir / "prometheus", free_port(self.config.host), self.config.host)
+        try:
+            await asyncio.to_thread(local.start, 30.0, die_with_parent())
+        except RuntimeError as exc:
+            raise FleetError(str(exc)) from exc
+        (self.state_dir / f"pids/prometheus-{local.proc.pid}").write_text(str(local.proc.pid))
+        self.say(f"Prometheus {local.url} (config {local.folder / 'prometheus.yml'}): the control loop reads it")
+        return local
+
+    def _start(self, component: str, command: manifest_commands.Command) -> subprocess.Popen:
+        """`specfleet` + the manifest's args, under the component's ServiceAccount, in its own session."""
+        identity = self.identities[component]
+        env = {**os.environ, **command.env, "KUBECONFIG": str(identity.kubeconfig), "OMP_NUM_THREADS": "1"}
+        log_path = self.state_dir / f"logs/{component}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([*cli_argv(), *command.args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=die_with_parent(), cwd=self.state_dir)
+        (self.state_dir / f"pids/{component}-{proc.pid}").write_text(str(proc.pid))
+        self.say(f"{component} started as {identity.username} (pid {proc.pid}, log {log_path}): "
+                 f"specfleet {' '.join(command.args)}")
+        return proc
+
+    async def _until_gateway_answers(self) -> None:
+        import aiohttp
+
+        deadline = time.monotonic() + GATEWAY_START_S
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            while time.monotonic() < deadline:
+                if self.gateway.poll() is not None:
+                    raise FleetError(f"the gateway exited with code {self.gateway.returncode}: "
+                                     f"{_last_line(self.state_dir / 'logs/gateway.log')}")
+                if await self._read_gateway_health(session):
+                    return
+                await asyncio.sleep(0.2)
+        raise FleetError(f"the gateway did not answer within {GATEWAY_START_S:g} s; "
+                         f"see {self.state_dir / 'logs/gateway.log'}")
+
+    async def _read_gateway_health(self, session) -> bool:
+        """Keep the gateway's /health in `gateway_health`; False while it does not answer."""
+        import aiohttp
+
+        try:
+            async with session.get(f"http://{self.config.host}:{self.config.port}/health") as response:
+                if response.status == 200:
+                    self.gateway_health = await response.json()
+                    return True
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            pass
+        return False
+
+    def _ready_replicas(self) -> dict[str, int]:
+        return self.gateway_health.get("readyReplicas") or {}
 
     async def _apply_manifests(self) -> None:
         from specfleet.cluster.api_client import ApiCallError, ApiClient
 
-        async with ApiClient(self.api.url, user_agent="specfleet-up") as api:
+        async with ApiClient(self.api.url, user_agent="specfleet-up", token=TOKEN) as api:
             for ns in sorted({d["metadata"]["namespace"] for d in self.docs if d["kind"] != "Namespace"}):
                 if await api.get("Namespace", None, ns) is None:
                     await api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -379,15 +502,26 @@ class Fleet:
     def _write_info(self) -> None:
         info = {"pid": os.getpid(), "gateway": f"http://{self.config.host}:{self.config.port}/v1",
                 "api": self.api.url, "kubeconfig": str(self.state_dir / "kubeconfig"),
-                "operatorPid": self.operator.pid, "started": time.time()}
+                "operatorPid": self.operator.pid, "gatewayPid": self.gateway.pid,
+                "serviceAccounts": {c: i.username for c, i in self.identities.items()}, "started": time.time(),
+                "prometheus": self.prometheus.url if self.prometheus else None}
         (self.state_dir / "fleet.json").write_text(json.dumps(info, indent=2))
 
-    async def _watch_operator(self) -> None:
-        while self.operator.poll() is None:
+    async def _watch_child(self, proc: subprocess.Popen, component: str) -> None:
+        while proc.poll() is None:
             await asyncio.sleep(0.5)
-        self.failure = (f"the operator exited with code {self.operator.returncode}; "
-                        f"see {self.state_dir / 'logs/operator.log'}")
-        self._request_stop("operator exited")
+        self.failure = (f"the {component} exited with code {proc.returncode}; "
+                        f"see {self.state_dir / f'logs/{component}.log'}")
+        self._request_stop(f"{component} exited")
+
+    async def _follow_gateway(self) -> None:
+        """The gateway's counters and ready replicas, from its /health (it runs in its own process)."""
+        import aiohttp
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            while True:
+                await self._read_gateway_health(session)
+                await asyncio.sleep(0.5)
 
     async def _watch_stdout(self) -> None:
         """A pipe whose reader is gone reports an error on poll: notice it even while `up` says nothing."""
@@ -408,21 +542,23 @@ class Fleet:
     async def _watch_ready(self) -> None:
         announced: set[str] = set()
         while True:
-            for model, route in self.gateway.routes.items():
-                if route.endpoints and model not in announced:
+            for model, replicas in self._ready_replicas().items():
+                if replicas and model not in announced:
                     announced.add(model)
                     self.say(f"ready: model {model!r} at http://{self.config.host}:{self.config.port}/v1 "
-                             f"({len(route.endpoints)} replica(s))")
+                             f"({replicas} replica(s))")
             await asyncio.sleep(0.5)
 
     async def _teardown(self, agent_stop: asyncio.Event, agent_task) -> None:
         """Stop everything; every step runs even when one before it failed."""
         self.say(f"stopping ({self.stopped_by})" if self.stopped_by else "stopping")
-        for step in (self._stop_operator, lambda: self._stop_agent(agent_stop, agent_task), self._stop_gateway):
+        for step in (self._stop_operator_and_gateway, lambda: self._stop_agent(agent_stop, agent_task)):
             try:
                 await step()
             except Exception:   # noqa: BLE001  (log it and go on: the next steps must still run)
                 logging.getLogger("specfleet.up").exception("teardown step failed")
+        if self.prometheus is not None:
+            await asyncio.to_thread(self.prometheus.stop)
         if self.api is not None:
             self.api.stop()
         sweep(self.state_dir)
@@ -438,20 +574,9 @@ class Fleet:
         except asyncio.TimeoutError:
             self.agent.kill_now()
 
-    async def _stop_gateway(self) -> None:
-        if self.gateway is not None and self.gateway.runner is not None:
-            await self.gateway.stop()
-
-    async def _stop_operator(self) -> None:
-        if self.operator is None or self.operator.poll() is not None:
-            return
-        kill_group(self.operator.pid, signal.SIGTERM)
-        for _ in range(50):
-            if self.operator.poll() is not None:
-                return
-            await asyncio.sleep(0.1)
-        kill_group(self.operator.pid, signal.SIGKILL)
-        self.operator.wait()
+    async def _stop_operator_and_gateway(self) -> None:
+        """Both at once, before the pods: the gateway drains its in-flight requests while the engines run."""
+        await asyncio.gather(_stop_child(self.operator, OPERATOR_GRACE_S), _stop_child(self.gateway, TEARDOWN_GRACE_S))
 
     # -- load -------------------------------------------------------------------------------------
     async def _load(self, profile: str) -> None:
@@ -460,10 +585,10 @@ class Fleet:
         phases = LOAD_PROFILES[profile]
         url = f"http://{self.config.host}:{self.config.port}/v1/chat/completions"
         model = next(d["spec"]["model"]["name"] for d in self.docs if d["kind"] == KIND)
-        keys = self.gateway.keys.file_keys            # a locked gateway: the load clients hold a key too
+        keys = gateway_keys(self.config).file_keys    # a locked gateway: the load clients hold a key too
         headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300), headers=headers) as session:
-            while not any(r.endpoints for r in self.gateway.routes.values()):
+            while not any(self._ready_replicas().values()):
                 await asyncio.sleep(0.5)
             index = 0
             while True:
@@ -495,7 +620,7 @@ class Fleet:
 
         from specfleet.cluster.api_client import ApiClient
 
-        async with ApiClient(self.api.url, user_agent="specfleet-up") as api:
+        async with ApiClient(self.api.url, user_agent="specfleet-up", token=TOKEN) as api:
             with Live(console=self.console, refresh_per_second=2, transient=False) as live:
                 while not self.stop.is_set():
                     try:
@@ -507,8 +632,31 @@ class Fleet:
                     await asyncio.sleep(1.0)
 
     def _summary(self) -> dict:
-        return {"gateway": f"http://{self.config.host}:{self.config.port}/v1", "stats": dict(self.gateway.stats),
+        return {"gateway": f"http://{self.config.host}:{self.config.port}/v1",
+                "stats": dict(self.gateway_health.get("stats") or {}),
                 "kubeconfig": str(self.state_dir / "kubeconfig"), "load": dict(self.load_stats)}
+
+
+async def _stop_child(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """SIGTERM the child's process group, SIGKILL it after `grace_s`."""
+    if proc is None or proc.poll() is not None:
+        return
+    kill_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return
+        await asyncio.sleep(0.1)
+    kill_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(empty log)"
 
 
 # -- shared by up, status and down ---------------------------------------------------------------------------
@@ -630,14 +778,15 @@ def status(state_dir: Path):
     if not info or not alive(info.get("pid", 0)):
         return None
 
-    def get(url: str) -> dict:
-        with urllib.request.urlopen(url, timeout=5) as response:
+    def get(url: str, token: str | None = None) -> dict:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as response:
             return json.loads(response.read())
 
     from specfleet.cluster.api_client import path
 
-    services = get(info["api"] + path(KIND)).get("items", [])
-    pods = get(info["api"] + path("Pod")).get("items", [])
+    services = get(info["api"] + path(KIND), TOKEN).get("items", [])
+    pods = get(info["api"] + path("Pod"), TOKEN).get("items", [])
     try:
         stats = get(info["gateway"].removesuffix("/v1") + "/health").get("stats", {})
     except OSError:

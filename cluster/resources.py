@@ -1,4 +1,5 @@
-"""The files `specfleet up` reads from the installed package: the CRD and the example manifests.
+"""The files `specfleet up` reads from the installed package: the CRD, the example manifests, and the
+operator's and gateway's Deployments and RBAC (`manifest_commands.py`, `service_accounts.py`).
 
 They ship as the data packages `specfleet.crds` (crds/) and `specfleet.manifests` (manifests/), mapped in
 setup.py, so `up` works the same from a wheel as from an editable checkout.
@@ -17,13 +18,14 @@ DEFAULT_CR = ("specfleet.manifests", "examples/smollm2-cpu.yaml")
 
 def data_file(package: str, relative: str) -> Traversable:
     """A file of a data package (one without `__init__.py`)."""
-    path = _package_root(package)
+    path = package_root(package)
     for part in relative.split("/"):
         path = path / part
     return path
 
 
-def _package_root(package: str) -> Traversable:
+def package_root(package: str) -> Traversable:
+    """The folder of an installed package (a data package included)."""
     spec = importlib.util.find_spec(package)
     if spec is None:
         raise FileNotFoundError(f"the package {package} is not installed")

@@ -143,7 +143,8 @@ class Condition:
         return {"type": self.type, "status": self.status, "reason": self.reason, "message": self.message}
 
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "SLOMet", "SLOAtRisk", "SpeculationActive", "Schedulable")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "SLOMet", "SLOAtRisk", "SpeculationActive", "Schedulable",
+                   "MetricsSource")
 
 
 def token_defaults(max_context: int, prompt: int | None, output: int | None) -> tuple[int, int]:

@@ -26,11 +26,12 @@ import httpx
 import kopf
 
 from specfleet.operator import api, catalogs, metrics_source, model_folder, plan_only, planner, render, status
-from specfleet.operator.control import discovery, loop, runner, scale_from_zero, scheduler
+from specfleet.operator.control import discovery, loop, runner, scale_from_zero, scheduler, sources
 from specfleet.operator.control.runner import now_iso
-from specfleet.operator.kube import Kube
+from specfleet.operator.kube import FORBIDDEN_RETRY_S, Kube
 
 MANAGED = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
+log = logging.getLogger("specfleet.operator")
 
 
 @dataclass
@@ -184,6 +185,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     if getattr(memo, "loop_config", None) is None:
         memo.loop_config = loop.LoopConfig.from_environment()
     memo.http = httpx.AsyncClient(timeout=metrics_source.SCRAPE_TIMEOUT_S)
+    memo.source = sources.source_for(memo.loop_config.prometheus_url, memo.http)
     memo.engines = discovery.EngineView()
     memo.cold_starts = {}           # (namespace, name) -> (monotonic wake-up, held requests), shared by all
 
@@ -223,11 +225,30 @@ async def reconcile_service(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **
         outcome.events[:0] = chosen
         await asyncio.to_thread(publish, k, body, outcome)
     except Exception as exc:
+        denied = k.forbidden(exc)
+        if denied is not None:
+            await asyncio.to_thread(report_forbidden, k, _plain(body), denied)
+            raise kopf.TemporaryError(f"missing RBAC permission: {denied}", delay=FORBIDDEN_RETRY_S) from exc
         if not k.transient(exc):
             raise
         # kopf's default for an arbitrary error is a flat 60 s; API trouble is retried sooner, doubling.
         raise kopf.TemporaryError(f"API server: {type(exc).__name__}: {str(exc)[:200]}",
                                   delay=retry_backoff(retry)) from exc
+
+
+def report_forbidden(k: Kube, body: dict, message: str) -> None:
+    """A 403: say which permission is missing (the server's message names user, verb, resource and namespace),
+    then, as far as RBAC still allows, set Degraded=True/Forbidden in status and post a Warning Event."""
+    meta = body["metadata"]
+    log.error("missing RBAC permission for %s/%s: %s", meta["namespace"], meta["name"], message)
+    previous = (body.get("status") or {}).get("conditions") or []
+    outcome = ReconcileOutcome(status.forbidden(message, meta.get("generation", 1), previous, now_iso()),
+                               [("Warning", "Forbidden", f"missing RBAC permission: {message}")])
+    try:
+        publish(k, body, outcome)
+    except Exception as exc:  # noqa: BLE001  (status or events may be forbidden too: the log line stays)
+        log.error("could not report the missing permission on %s/%s: %s", meta["namespace"], meta["name"],
+                  k.forbidden(exc) or exc)
 
 
 async def _choose_pods_for_spec_scale_down(memo: kopf.Memo, body: dict) -> list[tuple[str, str, str]]:
@@ -254,7 +275,7 @@ async def track_service(event: dict, body: kopf.Body, memo: kopf.Memo, **_) -> N
         memo.scheduler.forget(key)
         return
     if getattr(memo, "control", None) is None:
-        memo.control = runner.ServiceControl(*key, memo.kube, memo.loop_config, memo.http)
+        memo.control = runner.ServiceControl(*key, memo.kube, memo.loop_config, memo.http, source=memo.source)
     memo.scheduler.track(key, memo.control, lambda: _plain(body))
     held = scale_from_zero.held_requests(meta.get("annotations"))
     if held:
@@ -324,7 +345,13 @@ def owned_changed(event: dict, body: kopf.Body, memo: kopf.Memo, logger: logging
     service = k.get_service(body["metadata"]["namespace"], owner)
     if service is None or service["metadata"].get("deletionTimestamp"):
         return
-    publish(k, service, reconcile(service, k, now_iso()))
+    try:
+        publish(k, service, reconcile(service, k, now_iso()))
+    except Exception as exc:
+        denied = k.forbidden(exc)
+        if denied is None:
+            raise
+        report_forbidden(k, service, denied)       # the resume/retry of reconcile_service tries again
     logger.debug("reconciled %s after %s %s", owner, event.get("type"), body.get("kind"))
 
 

@@ -3,8 +3,8 @@
 - `parse_exposition(text, time)`: Prometheus text exposition -> `Scrape`.
 - `scrape_pods(endpoints)`: GET `/metrics` of every pod concurrently with a timeout; a pod that fails is
   left out (unknown), never reported as zeros.
-- `PrometheusSource(url).scrape(namespace, pods)`: the same raw series from a Prometheus server (one
-  instant query), so windows are computed identically from either source.
+- `scrape_from_series(series, time)`: one pod's raw series as Prometheus returns them -> the same
+  `Scrape`, so windows are computed identically from either source (`control/sources.py` queries).
 - `set_speculation(base_url, enabled, k, token)`: POST `/admin/speculation` on one pod.
 """
 from __future__ import annotations
@@ -19,6 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from specfleet.operator.control.window import Histogram, Scrape, series_key
 
 SCRAPE_TIMEOUT_S = 3.0
+# vLLM labels every series with `engine`, the index of an engine core inside one server (data parallel);
+# the control loop counts a pod as one, so its engines' series are summed as if the label were absent.
+POD_WIDE_LABELS = ("engine",)
 
 
 def parse_exposition(text: str, at: float) -> Scrape:
@@ -29,7 +32,8 @@ def parse_exposition(text: str, at: float) -> Scrape:
     sums: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            _add_sample(family.type, s.name, s.labels, s.value, counters, gauges, buckets, sums)
+            labels = {k: v for k, v in s.labels.items() if k not in POD_WIDE_LABELS}
+            _add_sample(family.type, s.name, labels, s.value, counters, gauges, buckets, sums)
     return Scrape(at, counters, gauges, _histograms(buckets, sums))
 
 
@@ -99,50 +103,12 @@ async def set_speculation(base_url: str, enabled: bool, k: int, token: str | Non
             await client.aclose()
 
 
-class PrometheusSource:
-    """Raw engine series per pod from a Prometheus server (`/api/v1/query`, one instant query)."""
-
-    def __init__(self, url: str, timeout: float = SCRAPE_TIMEOUT_S):
-        self.url, self.timeout = url.rstrip("/"), timeout
-
-    def query(self, namespace: str, pods: list[str]) -> str:
-        names = "vllm:.*|specfleet:.*"
-        return f'{{__name__=~"{names}",namespace="{namespace}",pod=~"{"|".join(pods) or "^$"}"}}'
-
-    async def scrape(self, namespace: str, pods: list[str], client: httpx.AsyncClient | None = None
-                     ) -> dict[str, Scrape]:
-        own = client is None
-        client = client or httpx.AsyncClient(timeout=self.timeout)
-        try:
-            response = await client.get(f"{self.url}/api/v1/query", params={"query": self.query(namespace, pods)})
-            response.raise_for_status()
-            result = response.json()["data"]["result"]
-        except (httpx.HTTPError, KeyError, ValueError):
-            return {}
-        finally:
-            if own:
-                await client.aclose()
-        return scrapes_from_vector(result)
-
-
-def scrapes_from_vector(result: list[dict]) -> dict[str, Scrape]:
-    """A Prometheus instant vector of raw series -> one Scrape per `pod` label.
+def scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scrape:
+    """One pod's raw series from Prometheus (name, labels, value) -> the `Scrape` its exposition gives.
 
     Prometheus keeps no types, so they come from the names: series with an `le` label are histogram
     buckets (and `<base>_sum` their sums), `_total` series are counters, the rest gauges.
     """
-    by_pod: dict[str, list[tuple[str, dict, float]]] = {}
-    stamps: dict[str, float] = {}
-    for item in result:
-        metric, (stamp, value) = dict(item["metric"]), item["value"]
-        pod, name = metric.pop("pod", None), metric.pop("__name__", "")
-        if pod is not None:
-            by_pod.setdefault(pod, []).append((name, metric, float(value)))
-            stamps[pod] = float(stamp)
-    return {pod: _scrape_from_series(series, stamps[pod]) for pod, series in by_pod.items()}
-
-
-def _scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scrape:
     counters: dict[str, float] = {}
     gauges: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}

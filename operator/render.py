@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
+from importlib.metadata import version
 
 from specfleet.operator.api import API_VERSION, KIND, InferenceServiceSpec, ModelRef, Speculation, parse_source
 from specfleet.operator.perfmodel import GiB
 from specfleet.operator.planner import Plan, SpeculationPlan
 
-SPECFLEET_IMAGE = "ghcr.io/specfleet/engine:0.1.0"
-VLLM_IMAGE = "vllm/vllm-openai:v0.10.1"
+# images/engine.Dockerfile, tagged like every image of this project with the package version (pyproject.toml)
+SPECFLEET_IMAGE = f"ghcr.io/specfleet/engine:{version('specfleet')}"
+VLLM_IMAGE = "vllm/vllm-openai:v0.10.1"      # vLLM's own image (runtime vllm), not built here
 PORT = 8000
 MODELS_DIR = "/models"
 ADMIN_TOKEN_DIR = "/var/run/specfleet/admin"
@@ -24,7 +26,8 @@ INSTANCE_LABEL = "specfleet.io/inferenceservice"
 MANAGED_BY = "specfleet-operator"
 DRAIN_SECONDS = 120
 DRAIN_MARGIN_SECONDS = 10      # the engine finishes its drain and exits before the kubelet's SIGKILL
-BUILTIN_HF = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M"}
+BUILTIN_HF = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}   # the weights engine/builtin.py ships
+VLLM_CPU_BLOCK_MULTIPLE = 32   # vLLM's CPU attention: block sizes in multiples of 32 only (0.32)
 
 
 @dataclass(frozen=True)
@@ -201,9 +204,8 @@ def vllm_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: 
     """`vllm serve` flags; vLLM cannot toggle speculation live, so it is on in the args or absent."""
     args = [model.arg, "--served-model-name", spec.model.name, "--port", str(PORT),
             "--tensor-parallel-size", str(plan.tensor_parallel_size), "--max-num-seqs", str(plan.max_num_seqs),
-            "--max-num-batched-tokens", str(plan.max_num_batched_tokens),
-            "--gpu-memory-utilization", f"{plan.gpu_memory_utilization:.2f}",
-            "--block-size", str(plan.block_size), "--enable-prefix-caching", *vllm_dtype_args(spec.model.dtype)]
+            "--max-num-batched-tokens", str(plan.max_num_batched_tokens), *vllm_kv_args(plan),
+            "--enable-prefix-caching", *vllm_dtype_args(spec.model.dtype)]
     args += ["--revision", model.revision] if model.revision else []
     sp = plan.speculation
     if sp.enabled and sp.k > 0:
@@ -216,6 +218,17 @@ def vllm_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: 
             config = {"model": draft.arg, "num_speculative_tokens": sp.k}
         args += ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
     return args
+
+
+def vllm_kv_args(plan: Plan) -> list[str]:
+    """The plan's KV pool as vLLM takes it. GPUs: the fraction of GPU memory it fills. CPU: in bytes, since
+    there `--gpu-memory-utilization` is the share of the host's RAM vLLM reserves (0.90 of the node), in
+    blocks rounded up to vLLM's CPU multiple (the same bytes in fewer, larger blocks)."""
+    if plan.gpu_resource:
+        return ["--gpu-memory-utilization", f"{plan.gpu_memory_utilization:.2f}", "--block-size", str(plan.block_size)]
+    kv_bytes = plan.kv_cache_blocks * plan.block_size * plan.kv_bytes_per_token
+    block = -(-plan.block_size // VLLM_CPU_BLOCK_MULTIPLE) * VLLM_CPU_BLOCK_MULTIPLE
+    return ["--kv-cache-memory-bytes", str(kv_bytes), "--block-size", str(block)]
 
 
 def vllm_dtype_args(dtype: str) -> list[str]:

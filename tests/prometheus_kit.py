@@ -49,31 +49,50 @@ class Prometheus:
             return json.loads(exc.read())
 
 
-@contextmanager
-def running_prometheus(folder: Path, config: dict | None = None) -> Iterator[Prometheus]:
-    port = free_port()
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config or {"global": {"scrape_interval": "1s"}}))
-    log = open(folder / "prometheus.log", "wb")
-    proc = subprocess.Popen([prometheus_binary(), f"--config.file={folder / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        server = Prometheus(f"http://127.0.0.1:{port}")
+class PrometheusProcess:
+    """One Prometheus on a fixed port and data folder, which a test may stop (SIGKILL: no clean shutdown)
+    and start again."""
+
+    def __init__(self, folder: Path, config: dict | None = None, port: int | None = None):
+        self.folder, self.port = folder, port or free_port()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config or {"global": {"scrape_interval": "1s"}}))
+        self.server = Prometheus(f"http://127.0.0.1:{self.port}")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Prometheus:
+        log = open(self.folder / "prometheus.log", "ab")
+        self.proc = subprocess.Popen([prometheus_binary(), f"--config.file={self.folder / 'prometheus.yml'}",
+                                      f"--storage.tsdb.path={self.folder / 'data'}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(f"{server.url}/-/ready", timeout=1).close()
-                break
+                urllib.request.urlopen(f"{self.server.url}/-/ready", timeout=1).close()
+                return self.server
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"prometheus did not start: {(folder / 'prometheus.log').read_text()[-2000:]}")
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"prometheus did not start: {(self.folder / 'prometheus.log').read_text()[-2000:]}")
                 time.sleep(0.2)
-        yield server
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
         try:
-            proc.wait(timeout=10)
+            self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@contextmanager
+def running_prometheus(folder: Path, config: dict | None = None, port: int | None = None) -> Iterator[Prometheus]:
+    process = PrometheusProcess(folder, config, port)
+    try:
+        yield process.start()
+    finally:
+        process.stop()

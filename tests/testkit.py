@@ -195,18 +195,31 @@ async def local_node(workdir: Path):
     import asyncio
 
     from specfleet.cluster.api_client import ApiClient
+    from specfleet.cluster.apiserver.kubeconfig import TOKEN
     from specfleet.cluster.apiserver.server import ApiServer, ServerConfig
     from specfleet.cluster.node_agent.agent import NodeAgent
 
     server = ApiServer(ServerConfig(host="127.0.0.1", port=0)).start()
     agent = NodeAgent(server.url, workdir, interval_s=0.2,
-                      allocatable={"cpu": 1000, "memory": 2**30 * 1000, "pods": 110_000})
+                      allocatable={"cpu": 1000, "memory": 2**30 * 1000, "pods": 110_000}, token=TOKEN)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop, shutdown_grace_s=3))
     try:
-        async with ApiClient(server.url) as api:
+        async with ApiClient(server.url, token=TOKEN) as api:
             yield api
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
         server.stop()
+
+
+def service_account_kubeconfigs(server, folder: Path) -> dict[str, Path]:
+    """manifests/' Namespace, ServiceAccounts and RBAC applied to the emulator `server` (what `kubectl apply -k
+    manifests/` creates), and a kubeconfig per component, {"operator": ..., "gateway": ...}, holding a token of
+    the ServiceAccount its Deployment names: the operator and the gateway run with these, as on a cluster, while
+    the test keeps the admin's. `server`: an `ApiServer` (the kubeconfigs then use its HTTPS port, which kubectl
+    needs to send a token) or its plain URL."""
+    from specfleet.cluster import service_accounts
+
+    url, endpoint = (server, None) if isinstance(server, str) else (server.url, service_accounts.Endpoint.of(server))
+    return {c: i.kubeconfig for c, i in service_accounts.component_kubeconfigs(url, folder, endpoint).items()}

@@ -149,7 +149,8 @@ class Gateway:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "models": sorted(self.routes), "stats": self.stats,
-                                  "held": dict(self.holds.counts)})
+                                  "held": dict(self.holds.counts),
+                                  "readyReplicas": {m: len(r.endpoints) for m, r in sorted(self.routes.items())}})
 
     async def ready(self, request: web.Request) -> web.Response:
         ready = self.synced and not self.draining

@@ -31,8 +31,9 @@ SCHEDULER_NAME = "default-scheduler"
 class NodeAgent:
     def __init__(self, api_url: str, state_dir: Path, node_name: str = NODE_NAME, host_cache: str | None = None,
                  interval_s: float = 0.5, on_event: Callable[[str], None] | None = None,
-                 allocatable: dict[str, int] | None = None):
+                 allocatable: dict[str, int] | None = None, token: str | None = None):
         self.api_url, self.state_dir, self.node_name = api_url, Path(state_dir), node_name
+        self.token = token          # the node's credentials (the emulator's admin token under `specfleet up`)
         self.host_cache, self.interval_s, self.on_event = host_cache, interval_s, on_event
         self.allocatable = allocatable or scheduling.machine_allocatable()
         self.runners: dict[str, PodRunner] = {}
@@ -61,7 +62,7 @@ class NodeAgent:
             marker.unlink(missing_ok=True)
 
     async def run(self, stop: asyncio.Event, shutdown_grace_s: float = 10.0) -> None:
-        async with ApiClient(self.api_url) as api, aiohttp.ClientSession() as http:
+        async with ApiClient(self.api_url, token=self.token) as api, aiohttp.ClientSession() as http:
             self.api, self.http = api, http
             try:
                 await self._register_node()

@@ -7,7 +7,9 @@ readiness probe (httpGet or tcpSocket on the pod's address), liveness kills a hu
 its own loopback address (`addresses.py`), given back once its processes have exited. Every change is
 written back to `pods/status` (phase, conditions, podIP, containerStatuses with restartCount).
 Stopping is SIGTERM to the process group, then SIGKILL after the grace period (`grace_s`: the pod's
-`deletionGracePeriodSeconds` when it is being deleted, see `agent.py`).
+`deletionGracePeriodSeconds` when it is being deleted, see `agent.py`); once a container's main process
+has exited, what is left of its group is killed, as a container's processes end with it. `vllm serve`
+containers run on a vLLM of this machine (`vllm_peer.py`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ import aiohttp
 from specfleet.cluster.api_client import ApiCallError, ApiClient
 from specfleet.cluster.children import die_with_parent, kill_group
 from specfleet.cluster.node_agent import volumes as vol
+from specfleet.cluster.node_agent import vllm_peer
 from specfleet.cluster.node_agent.addresses import NODE_IP, AddressesExhausted, PodAddresses, container_ports
+from specfleet.engine import builtin
 
 BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 1.0, 30.0, 60.0
 
@@ -212,7 +216,7 @@ class PodRunner:
                         probe: bool = False) -> int | None:
         """Start the container's process and wait for it; None when it could not start."""
         try:
-            argv = vol.container_argv(container, mounts, self.ip)
+            argv = await self._argv(container, mounts)
             env = await self._env(container, mounts)
         except vol.PodConfigError as exc:
             status.state = {"waiting": {"reason": exc.reason, "message": str(exc)}}
@@ -242,6 +246,7 @@ class PodRunner:
         finally:
             if prober:
                 prober.cancel()
+            kill_group(proc.pid, signal.SIGKILL)    # what outlives the main process dies with its container
             self.agent.track_pid(proc.pid, False)
         status.ready = False
         reason = "Completed" if rc == 0 else ("Killed" if rc < 0 else "Error")
@@ -252,8 +257,27 @@ class PodRunner:
         await self.report()
         return rc
 
+    async def _argv(self, container: dict, mounts: list) -> list[str]:
+        if not vllm_peer.is_vllm_serve(container):
+            return vol.container_argv(container, mounts, self.ip)
+        return vllm_peer.container_argv(container, mounts, self.ip, await self._pull_builtin(container))
+
+    async def _pull_builtin(self, container: dict) -> dict[str, str]:
+        """The built-in model a vLLM container names, converted once into the node's cache (a vLLM image
+        would hold it): {Hugging Face id: local folder}."""
+        named = vllm_peer.builtin_model(container)
+        if named is None:
+            return {}
+        try:
+            folder = await asyncio.to_thread(builtin.ensure_builtin, named[0])
+        except (OSError, ImportError) as exc:
+            raise vol.PodConfigError("ErrImagePull", f"built-in model {named[0]}: {exc}")
+        return {named[1]: str(folder)}
+
     async def _env(self, container: dict, mounts: list) -> dict[str, str]:
         env = vol.base_env(self.agent.host_cache)
+        if vllm_peer.is_vllm_serve(container):
+            env.update(vllm_peer.runtime_env(container, self.agent.state_dir / "cache"))
         for item in container.get("env") or []:
             value = await self._env_value(item)
             if value is not None:

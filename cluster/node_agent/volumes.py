@@ -72,14 +72,20 @@ SERVERS = (("engine", "serve"), ("vllm", "serve"))   # command endings that take
 
 
 def container_argv(container: dict, mounts: list[tuple[str, str]], pod_ip: str) -> list[str]:
-    """The local argv of a container; a known server listens on the pod's address, as it would on all of
-    a pod's (one-address) interfaces on a cluster, instead of every address of this machine."""
+    """The local argv of a container (`vllm serve`: `vllm_peer.py`); a known server listens on the pod's
+    address, as it would on all of a pod's (one-address) interfaces on a cluster, instead of every address
+    of this machine."""
     argv = executable([translate(c, mounts) for c in container.get("command") or []])
     args = [translate(a, mounts) for a in container.get("args") or []]
     words = [Path(w).name for w in argv[-2:]]
-    if tuple(words) in SERVERS and not any(a == "--host" or a.startswith("--host=") for a in args):
-        args += ["--host", pod_ip]
-    return argv + args
+    return argv + (listening_on(args, pod_ip) if tuple(words) in SERVERS else args)
+
+
+def listening_on(args: list[str], pod_ip: str) -> list[str]:
+    """A server's args plus `--host POD_IP`, unless they name a host themselves."""
+    if any(a == "--host" or a.startswith("--host=") for a in args):
+        return args
+    return [*args, "--host", pod_ip]
 
 
 def decode(obj: dict) -> dict[str, bytes]:

@@ -7,19 +7,23 @@ runs surge detection on the short window between intervals, which can only scale
 per-service state both carry from one step to the next (previous scrapes, stabilization history,
 speculation state, calibration); `LoopConfig` the intervals, read once when the operator starts.
 `observe_budget` folds the pods' SLO counters into the error budget (status, `SLOAtRisk`, burn Events);
+`restored_budget` seeds it from the status an earlier operator process wrote (a restart keeps the windows);
 `idle_scale` takes a `minReplicas: 0` service to zero after its idle period. `status_patch` turns a
 step into the status fields it changes. The I/O around them (pods, scrapes,
 the Deployment, the engines' admin API) is `runner.py`.
 """
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from specfleet.operator import api, planner, status
 from specfleet.operator.capacity import ServiceModel
 from specfleet.operator.control import autoscaler, coordinator, scale_from_zero, speculation
+from specfleet.operator.control import error_budget
 from specfleet.operator.control.error_budget import MET, SERVED, BudgetReport, ErrorBudget, FleetCounts
 from specfleet.operator.control.window import Scrape, Window
 
@@ -38,6 +42,7 @@ class LoopConfig:
     interval_s: float = DEFAULT_INTERVAL_S
     detect_interval_s: float = DEFAULT_DETECT_INTERVAL_S
     speculation_dwell_s: float | None = None
+    prometheus_url: str | None = None       # read engine series from this Prometheus (else from each pod)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -47,11 +52,12 @@ class LoopConfig:
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] = os.environ) -> "LoopConfig":
-        """`SPECFLEET_CONTROL_INTERVAL`, `SPECFLEET_DETECT_INTERVAL`, `SPECFLEET_SPECULATION_DWELL` (seconds)."""
+        """`SPECFLEET_CONTROL_INTERVAL`, `SPECFLEET_DETECT_INTERVAL`, `SPECFLEET_SPECULATION_DWELL` (seconds),
+        `SPECFLEET_PROMETHEUS_URL`."""
         dwell = env.get("SPECFLEET_SPECULATION_DWELL")
         return cls(float(env.get("SPECFLEET_CONTROL_INTERVAL", DEFAULT_INTERVAL_S)),
                    float(env.get("SPECFLEET_DETECT_INTERVAL", DEFAULT_DETECT_INTERVAL_S)),
-                   float(dwell) if dwell else None)
+                   float(dwell) if dwell else None, env.get("SPECFLEET_PROMETHEUS_URL") or None)
 
 
 @dataclass
@@ -273,6 +279,37 @@ def observe_budget(st: ServiceLoop, scrapes: Mapping[str, Scrape], present: set[
     return report, cond, events
 
 
+def restored_budget(old_status: Mapping, objective: float, now_wall: float, now_t: float) -> dict:
+    """`ServiceLoop` fields for a service an earlier operator process already watched: the error budget's
+    windows seeded from `status.errorBudget`, the fleet counts going on from them, and the burn it last
+    reported (so a restart neither forgets the budget nor repeats a burn's Event). Empty without counts."""
+    budget = error_budget.restore(old_status.get("errorBudget"), objective, now_wall, now_t)
+    if budget is None:
+        return {}
+    last = budget.samples[-1]
+    risk = next((c for c in old_status.get("conditions") or [] if c.get("type") == "SLOAtRisk"), {})
+    burning = {"FastBurn": "fast", "SlowBurn": "slow"}.get(risk.get("reason"), "")
+    return {"budget": budget, "slo_counts": FleetCounts(good=last.good, total=last.total), "burning": burning}
+
+
+def restored_speculation(old_status: Mapping, planned: speculation.SpeculationState, generation: int,
+                         now_wall: float, now_t: float) -> speculation.SpeculationState:
+    """The speculation state an earlier operator process left on the pods (its `SpeculationActive`
+    condition, for this generation of the spec): on or off, its depth, and when it last switched, so a
+    restart or a leader change neither switches the pods back to the plan nor cuts a dwell short."""
+    cond = next((c for c in old_status.get("conditions") or [] if c.get("type") == "SpeculationActive"), None)
+    if cond is None or cond.get("observedGeneration") != generation or cond.get("status") not in ("True", "False"):
+        return planned
+    depth = re.match(r"k=(\d+);", cond.get("message") or "")
+    try:
+        switched = dt.datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00")).timestamp()
+    except (KeyError, AttributeError, ValueError):
+        switched = None
+    since = planned.since if switched is None else now_t - max(0.0, now_wall - switched)
+    return replace(planned, enabled=cond["status"] == "True", k=int(depth.group(1)) if depth else planned.k,
+                   since=since)
+
+
 def _window_s(label: str) -> float:
     return float(label[:-1]) * (3600 if label.endswith("h") else 60)
 
@@ -294,5 +331,5 @@ def status_patch(body: dict, step: Step, when: str) -> dict:
     if step.pending is not None:
         patch["replicasPending"] = step.pending
     if step.budget is not None:
-        patch["errorBudget"] = step.budget.as_status()
+        patch["errorBudget"] = step.budget.as_status(when)
     return patch

@@ -12,7 +12,8 @@ returns the status patch and Events (with the error budget folded from the pods'
 Between intervals `detect` scrapes again for a surge (scale-ups only).
 
 A service with no pods and nothing scraped before is idle: a step costs a list lookup and no I/O.
-After an operator restart the state is rebuilt from the Deployment and the first two scrapes.
+After an operator restart the state is rebuilt from the Deployment and the first two scrapes; the error
+budget's windows are seeded from the status the previous process wrote (`loop.restored_budget`).
 """
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ from specfleet.operator.control import discovery, loop, scale_down, speculation,
 from specfleet.operator.control.calibration import recalibrate_from
 from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.window import Scrape, Window, build_window
-from specfleet.operator.metrics_source import scrape_pods, set_speculation
+from specfleet.operator.control.sources import DirectSource, PrometheusSource, SourceReport
+from specfleet.operator.metrics_source import set_speculation
 
 log = logging.getLogger("specfleet.operator.control")
+AWAIT_SAMPLES_INTERVALS = 4       # at the default 15 s: a minute, the Prometheus source's staleness bound
 
 
 @dataclass
@@ -61,11 +64,17 @@ class ServiceControl:
     """The control loop of one InferenceService: its state, and each step's I/O through `kube`."""
 
     def __init__(self, namespace: str, name: str, kube, config: loop.LoopConfig,
-                 http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic):
+                 http: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, source: DirectSource | PrometheusSource | None = None):
         """`http`: the operator's one HTTP client for scrapes and speculation switches (making a client
-        costs tens of milliseconds of CPU; None: one per call)."""
+        costs tens of milliseconds of CPU; None: one per call). `wall`: the wall clock, for the age of the
+        error budget a previous operator process left in status. `source`: where engine series come from
+        (`control/sources.py`; the operator's one source, shared by every service; None: each pod directly)."""
         self.namespace, self.name, self.kube, self.config, self.clock = namespace, name, kube, config, clock
+        self.wall = wall
         self.http = http
+        self.source = source or DirectSource(http)
+        self.last_step = float("-inf")
         self.planned: Planned | None = None
         self.state: loop.ServiceLoop | None = None
 
@@ -82,7 +91,10 @@ class ServiceControl:
         st, spec, plan = self.state, planned.spec, planned.plan
         current, ready = replicas
         endpoints = discovery.endpoints(pods)
-        scrapes = await scrape_pods(endpoints, client=self.http) if endpoints else {}
+        scrapes, report = await self.source.scrape(self.namespace, endpoints)
+        if self._awaiting_samples(scrapes):
+            return None
+        self.last_step = self.clock()
         window = build_window(st.prev, scrapes, expected=len(endpoints))
         previous = st.prev
         st.prev = {**{p: s for p, s in st.prev.items() if p in endpoints}, **scrapes}
@@ -91,16 +103,33 @@ class ServiceControl:
             st.model = recalibrate_from(st.model, window, st.speculation.k)
         waiting = tuple(p.unschedulable for p in discovery.unschedulable(pods))
         step = loop.decide_step(window, spec, plan, st, current, ready, self.clock(), when, waiting)
+        if not previous:
+            # The first scrape round (a new loop, or a restarted operator) has no window yet: leave SLOMet
+            # as it stands rather than flip it to Unknown for one interval.
+            step.conditions = [c for c in step.conditions if c.type != "SLOMet"]
         step.budget, at_risk, events = loop.observe_budget(st, scrapes, set(endpoints), self.clock(),
                                                            spec.slo.objective)
-        step.conditions += [at_risk] if at_risk is not None else []
+        step.conditions += ([at_risk] if at_risk is not None else []) + [source_condition(report)]
         step.events += events
         if step.scale is not None and step.scale.changed and step.scale.desired < step.scale.current:
             step.events += await self._mark_for_deletion(pods, scrapes, previous, step.scale.desired)
         await self._apply(spec, step, endpoints, scrapes)
         _record_metrics(self.namespace, self.name, spec, plan, step, ready, window, st)
+        for source in ("prometheus", "direct"):
+            telemetry.METRICS_SOURCE.labels(self.namespace, self.name, source).set(float(source == report.source))
         patch = {**loop.status_patch(body, step, when), "calibration": status.calibration_dict(st.model.calibration)}
         return ControlOutcome(patch, step.events)
+
+    def _awaiting_samples(self, scrapes: dict[str, Scrape]) -> bool:
+        """Whether to wait for a pod's next sample before stepping: Prometheus samples at its own pace, so an
+        interval can come before a pod's next scrape; a window without it would be incomplete, and an
+        incomplete window reads as missing evidence (SLOMet Unknown, an idle period restarted). A direct
+        scrape is always new. Waiting ends after `AWAIT_SAMPLES_INTERVALS` intervals: then the step runs
+        on what there is."""
+        prev = self.state.prev
+        stale = any(pod in prev and s.time <= prev[pod].time for pod, s in scrapes.items())
+        waited = self.clock() - self.last_step
+        return stale and waited < AWAIT_SAMPLES_INTERVALS * self.config.interval_s
 
     async def detect(self, body: dict, pods: list[EnginePod], replicas: Replicas | None,
                      when: str) -> ControlOutcome | None:
@@ -113,7 +142,7 @@ class ServiceControl:
         if not endpoints or discovery.unschedulable(pods):      # replicas already wait for a node: no more
             return None
         current, ready = replicas
-        scrapes = await scrape_pods(endpoints, client=self.http)
+        scrapes, _ = await self.source.scrape(self.namespace, endpoints)
         window = build_window(st.recent, scrapes, expected=len(endpoints))
         st.recent = {**{p: s for p, s in st.recent.items() if p in endpoints}, **scrapes}
         step = loop.detect_step(window, planned.spec, st, current, ready, self.clock(), when)
@@ -148,7 +177,11 @@ class ServiceControl:
         if self.state is not None:
             self.state = replace(self.state, generation=generation, model=model, speculation=spec_state)
         else:
-            self.state = loop.ServiceLoop(generation, model, speculation=spec_state, config=self.config)
+            old_status = body.get("status") or {}
+            seeded = loop.restored_budget(old_status, spec.slo.objective, self.wall(), self.clock())
+            if spec_state is not None:
+                spec_state = loop.restored_speculation(old_status, spec_state, generation, self.wall(), self.clock())
+            self.state = loop.ServiceLoop(generation, model, speculation=spec_state, config=self.config, **seeded)
         self.planned = Planned(generation, spec, plan)
         return self.planned
 
@@ -156,7 +189,7 @@ class ServiceControl:
         """A scale-down the spec asks for (a fixed `replicas` lowered, `kubectl scale`): scrape the pods now
         and mark the least loaded to go, as the autoscaler's own scale-downs do. Returns the Events."""
         endpoints = discovery.endpoints(pods)
-        scrapes = await scrape_pods(endpoints, client=self.http) if endpoints else {}
+        scrapes, _ = await self.source.scrape(self.namespace, endpoints)
         previous = self.state.prev if self.state is not None else {}
         return await self._mark_for_deletion(pods, scrapes, previous, desired)
 
@@ -211,6 +244,11 @@ class ServiceControl:
 Replicas = tuple[int, int]          # a Deployment's (spec.replicas, status.readyReplicas)
 
 
+def source_condition(report: SourceReport) -> api.Condition:
+    """`MetricsSource`: True while the configured source serves every pod, False while pods fall back."""
+    return api.Condition("MetricsSource", "True" if report.preferred else "False", report.reason, report.message)
+
+
 def admin_token(kube, ns: str, name: str) -> str | None:
     secret = kube.get("Secret", ns, render.admin_secret_name(name))
     if secret is None:
@@ -257,6 +295,7 @@ def _record_metrics(ns, name, spec, plan, step: loop.Step, ready: int, window: W
     t.PREDICTED.labels(*labels, "itl").set(plan.predicted.itl_p99_ms / 1000)
     t.TARGET.labels(*labels, "ttft").set(spec.slo.ttft_p99_ms / 1000)
     t.TARGET.labels(*labels, "itl").set(spec.slo.itl_p99_ms / 1000)
+    t.OBJECTIVE.labels(*labels).set(spec.slo.objective)
     if st.speculation is not None:
         t.SPECULATION.labels(*labels).set(float(st.speculation.enabled))
         t.SPEC_K.labels(*labels).set(st.speculation.k)

@@ -32,6 +32,15 @@ SPECULATION = Gauge("specfleet_speculation_enabled", "1 while the controller has
 SPEC_K = Gauge("specfleet_speculation_k", "Speculation depth set by the controller.", _SERVICE, registry=REGISTRY)
 ACCEPTANCE = Gauge("specfleet_acceptance_rate", "Observed (or counterfactual, while off) acceptance.", _SERVICE,
                    registry=REGISTRY)
+OBJECTIVE = Gauge("specfleet_slo_objective", "Declared share of requests that must meet both targets "
+                  "(the burn-rate alerts' budget is 1 - objective).", _SERVICE, registry=REGISTRY)
+METRICS_SOURCE = Gauge("specfleet_metrics_source", "1 for the source (prometheus | direct) the service's last "
+                       "control step read its engine series from, 0 for the other.", _SERVICE + ["source"],
+                       registry=REGISTRY)
+PROMETHEUS_QUERIES = Counter("specfleet_prometheus_queries", "Fleet-wide PromQL queries made by the control loop, "
+                             "by outcome (ok | error).", ["outcome"], registry=REGISTRY)
+LEADER = Gauge("specfleet_operator_leader", "1 while this operator replica holds the leader Lease (and acts), "
+               "0 while it follows.", registry=REGISTRY)
 
 
 def serve_from_environment(log: logging.Logger | None = None) -> int | None:

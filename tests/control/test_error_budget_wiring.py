@@ -12,6 +12,7 @@ import yaml
 from specfleet.operator.control import loop, runner, telemetry
 from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.error_budget import MET, SERVED, FleetCounts
+from specfleet.operator.control.sources import SourceReport
 from specfleet.operator.control.window import Scrape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,12 +68,16 @@ def run_intervals(body, monkeypatch, counts: list[tuple[float, float]]):
     """One interval per (met, served) cumulative count of a single pod, 15 s apart; the outcomes."""
     clock, fed = Clock(), iter(counts)
 
-    async def scrape(endpoints, client=None):
-        met, served = next(fed)
-        return {pod: Scrape(clock.t, counters={MET: met, SERVED: served}) for pod in endpoints}
+    class FedSource:
+        """The pod's counters as `counts` gives them, one pair per interval."""
 
-    monkeypatch.setattr(runner, "scrape_pods", scrape)
-    ctl = runner.ServiceControl("eb", "chat", BudgetKube(), loop.LoopConfig(interval_s=15.0), clock=clock)
+        async def scrape(self, namespace, endpoints):
+            met, served = next(fed)
+            return ({pod: Scrape(clock.t, counters={MET: met, SERVED: served}) for pod in endpoints},
+                    SourceReport("direct", "DirectScrape", "fed by the test", True))
+
+    ctl = runner.ServiceControl("eb", "chat", BudgetKube(), loop.LoopConfig(interval_s=15.0), clock=clock,
+                                source=FedSource())
     pods = [EnginePod("eb", "chat", "chat-0", "http://127.0.0.1:1", None)]
     outcomes = []
     for _ in counts:

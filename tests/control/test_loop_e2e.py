@@ -28,6 +28,7 @@ pytest.importorskip("specfleet.cluster.apiserver", reason="the API emulator is n
 from specfleet.cluster.apiserver import running_apiserver  # noqa: E402
 
 from specfleet.operator import api, render  # noqa: E402
+from testkit import service_account_kubeconfigs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -85,7 +86,9 @@ def operator_for(tmp: Path, urls: dict, ns: str, env: dict, autoscaling: dict):
         wait_for(lambda: subprocess.run([str(BIN / "kubectl"), "get", "infsvc", "-n", ns], env=env,
                                         capture_output=True).returncode == 0)
         log = (tmp / "operator.log").open("wb")
-        proc = subprocess.Popen([str(BIN / "specfleet"), "operator", "run", "--namespace", ns], env=env,
+        kubeconfigs = service_account_kubeconfigs(server, tmp)      # the operator under manifests/' RBAC
+        proc = subprocess.Popen([str(BIN / "specfleet"), "operator", "run", "--namespace", ns],
+                                env={**env, "KUBECONFIG": str(kubeconfigs["operator"])},
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         doc = yaml.safe_load((ROOT / "manifests/examples/smollm2-cpu.yaml").read_text())
         doc["metadata"] = {"name": "chat", "namespace": ns}
@@ -164,3 +167,49 @@ def test_a_batch_heavy_phase_turns_speculation_off_on_every_pod(fleet):
     assert cond["reason"] == "BatchAboveThreshold" and "batch" in cond["message"]
     assert any(d["kind"] == "speculation" and d["to"] == "off" for d in svc["status"]["lastDecisions"])
     assert wait_for(lambda: events(core, "SpeculationOff"))
+
+
+# -- the loop through Prometheus -------------------------------------------------------------------------
+PROM_NS = "ctl-prom"
+
+
+def metrics_source(custom) -> dict:
+    conditions = service(custom, PROM_NS).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "MetricsSource"), {})
+
+
+@pytest.mark.slow
+def test_the_loop_reads_prometheus_falls_back_when_it_dies_and_returns(tmp_path, fake_engine_pods):
+    """The operator with `SPECFLEET_PROMETHEUS_URL` reads the stand-ins through a real Prometheus; with
+    Prometheus killed it scrapes the pods within an interval and says so; with it back, it returns.
+    A decision needs a window from fresh data either way, so nothing is decided on stale data."""
+    from prometheus_kit import PrometheusProcess
+
+    engines, urls = fake_engine_pods(2)
+    targets = [{"targets": [urlparse(url).netloc],
+                "labels": {"namespace": PROM_NS, "pod": f"chat-{pod}", "inferenceservice": "chat"}}
+               for pod, url in urls.items()]
+    prometheus = PrometheusProcess(tmp_path / "prometheus", {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "engines", "scrape_interval": "1s", "static_configs": targets}]})
+    prometheus.start()
+    env = {"SPECFLEET_CONTROL_INTERVAL": "1", "SPECFLEET_PROMETHEUS_URL": prometheus.server.url}
+    autoscaling = {"minReplicas": 1, "maxReplicas": 4, "scaleUpStabilizationSeconds": 0,
+                   "scaleDownStabilizationSeconds": 600}
+    try:
+        with operator_for(tmp_path, urls, PROM_NS, env, autoscaling) as (apps, core, custom):
+            on = wait_for(lambda: (c := metrics_source(custom)).get("reason") == "Prometheus" and c, timeout=60)
+            assert on["status"] == "True" and prometheus.server.url in on["message"]
+            wait_for(lambda: service(custom, PROM_NS)["status"].get("observed", {}).get("requestsPerSecond"))
+            prometheus.stop(signal.SIGKILL)
+            killed = time.monotonic()
+            off = wait_for(lambda: (c := metrics_source(custom)).get("reason") == "PrometheusUnavailable" and c)
+            assert time.monotonic() - killed < 10 and off["status"] == "False"
+            replicas = apps.read_namespaced_deployment("chat", PROM_NS).spec.replicas
+            prometheus.start()
+            back = wait_for(lambda: (c := metrics_source(custom)).get("reason") == "Prometheus" and c, timeout=60)
+            assert back["status"] == "True"
+            # The steady stand-ins never asked for more: neither source switch moved the replicas.
+            assert apps.read_namespaced_deployment("chat", PROM_NS).spec.replicas == replicas
+    finally:
+        prometheus.stop()

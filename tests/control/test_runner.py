@@ -89,3 +89,40 @@ def test_a_scale_up_is_held_while_replicas_wait_for_a_node(service, make_window)
     held = second_step((PENDING,))
     assert held.scale.desired == 2 and held.scale.reason == "Unschedulable" and PENDING in held.scale.message
     assert held.pending == 1 and held.decisions == []
+
+
+def test_a_step_waits_for_each_pods_next_prometheus_sample_but_not_forever(body):
+    """Prometheus samples at its own pace: an interval that comes before a pod's next sample waits (no
+    decision, no status) rather than read a window without it; after four intervals it steps anyway."""
+    from specfleet.operator.control.sources import SourceReport
+    from specfleet.operator.control.window import Scrape
+
+    class Clock:
+        t = 100.0
+
+        def __call__(self):
+            return self.t
+
+    class SampledEvery3s:
+        def __init__(self, clock):
+            self.clock = clock
+
+        async def scrape(self, namespace, endpoints):
+            sampled = self.clock.t - self.clock.t % 3
+            return ({p: Scrape(sampled, counters={"vllm:generation_tokens": sampled}) for p in endpoints},
+                    SourceReport("prometheus", "Prometheus", "test", True))
+
+    clock = Clock()
+    ctl = runner.ServiceControl("ns", "chat", RunnerKube(), loop.LoopConfig(interval_s=1.0), clock=clock,
+                                source=SampledEvery3s(clock))
+    pods = [EnginePod("ns", "chat", "chat-0", "http://127.0.0.1:1", None)]
+    stepped = []
+    for _ in range(7):
+        stepped.append(asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is not None)
+        clock.t += 1
+    assert stepped == [True, False, True, False, False, True, False]     # t = 100 | 102 | 105: new samples
+    ctl.source = type("Frozen", (), {"scrape": SampledEvery3s(Clock()).scrape})()
+    waits = [asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is None for _ in range(3)]
+    assert waits == [True, True, True]
+    clock.t += 4                                                           # four intervals without a sample
+    assert asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is not None

@@ -77,11 +77,14 @@ def scale_down_to_one(monkeypatch, kube):
 
     from specfleet.operator.control import autoscaler, loop, runner
     from specfleet.operator.control.discovery import EnginePod
+    from specfleet.operator.control.sources import SourceReport
 
     in_flight = {"chat-a": (6, 1), "chat-b": (0, 0), "chat-c": (2, 0)}
 
-    async def scrape_pods(endpoints, client=None):
-        return {pod: scrape(*in_flight[pod]) for pod in endpoints}
+    class Source:
+        async def scrape(self, namespace, endpoints):
+            return ({pod: scrape(*in_flight[pod]) for pod in endpoints},
+                    SourceReport("direct", "DirectScrape", "the test's in-flight counts", True))
 
     real = loop.decide_step
 
@@ -90,12 +93,11 @@ def scale_down_to_one(monkeypatch, kube):
         step.scale = autoscaler.ScaleDecision(3, 1, "LoadDecrease", "test")
         return step
 
-    monkeypatch.setattr(runner, "scrape_pods", scrape_pods)
     monkeypatch.setattr(loop, "decide_step", decide)
     root = Path(__file__).resolve().parents[2]
     spec = yaml.safe_load((root / "manifests/examples/smollm2-cpu.yaml").read_text())["spec"]
     body = {"metadata": {"name": "chat", "namespace": "sd", "generation": 1}, "spec": spec, "status": {}}
-    ctl = runner.ServiceControl("sd", "chat", kube, loop.LoopConfig(interval_s=15.0))
+    ctl = runner.ServiceControl("sd", "chat", kube, loop.LoopConfig(interval_s=15.0), source=Source())
     pods = [EnginePod("sd", "chat", name, f"http://127.0.0.1:{i + 1}", None) for i, name in enumerate(in_flight)]
     return asyncio.run(ctl.interval(body, pods, (3, 3), "2026-01-01T00:00:00Z"))
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from specfleet.operator.control.window import Histogram, Scrape, build_window, quantile, share_below
-from specfleet.operator.metrics_source import parse_exposition, scrapes_from_vector
+from specfleet.operator.metrics_source import parse_exposition, scrape_from_series
 
 EXPOSITION = """\
 # TYPE vllm:num_requests_waiting gauge
@@ -80,15 +80,14 @@ def test_quantile_and_share_follow_prometheus_interpolation():
     assert quantile(Histogram((1.0, math.inf), (0.0, 0.0)), 0.99) is None
 
 
-def test_prometheus_vectors_become_the_same_scrapes():
-    vector = [{"metric": {"__name__": "vllm:generation_tokens_total", "pod": "p", "model_name": "m"},
-               "value": [5.0, "42"]},
-              {"metric": {"__name__": "vllm:num_requests_waiting", "pod": "p"}, "value": [5.0, "3"]},
-              {"metric": {"__name__": "vllm:time_to_first_token_seconds_bucket", "pod": "p", "le": "+Inf"},
-               "value": [5.0, "7"]},
-              {"metric": {"__name__": "vllm:time_to_first_token_seconds_sum", "pod": "p"}, "value": [5.0, "1.5"]}]
-    s = scrapes_from_vector(vector)["p"]
-    assert s.counters["vllm:generation_tokens"] == 42 and s.gauges["vllm:num_requests_waiting"] == 3
+def test_prometheus_series_become_the_same_scrapes():
+    series = [("vllm:generation_tokens_total", {"model_name": "m"}, 42.0),
+              ("vllm:num_requests_waiting", {}, 3.0),
+              ("vllm:time_to_first_token_seconds_bucket", {"le": "+Inf"}, 7.0),
+              ("vllm:time_to_first_token_seconds_sum", {}, 1.5),
+              ("vllm:time_to_first_token_seconds_count", {}, 7.0)]
+    s = scrape_from_series(series, 5.0)
+    assert s.counters == {"vllm:generation_tokens": 42} and s.gauges == {"vllm:num_requests_waiting": 3}
     assert s.histograms["vllm:time_to_first_token_seconds"].count == 7 and s.time == 5.0
 
 

@@ -80,6 +80,14 @@ def test_an_address_whose_port_is_taken_is_skipped():
         assert pool.allocate("a", [port]) != ip
 
 
+def test_two_fleets_never_share_an_address_while_a_server_is_still_starting():
+    ours, theirs = addresses.PodAddresses(), addresses.PodAddresses()    # two `specfleet up` on one machine
+    ip = ours.allocate("a", [8000])            # nothing listens yet: vLLM binds its port ~45 s after it starts
+    assert theirs.allocate("b", [8000]) != ip
+    ours.release("a")
+    assert theirs.allocate("c", [8000]) == ip
+
+
 def test_quantities_count_in_thousandths():
     assert [scheduling.milli(q) for q in ("2", "500m", 1.5, "1Ki", "1G")] == [2000, 500, 1500, 1024000, 10**12]
     with pytest.raises(scheduling.QuantityError):

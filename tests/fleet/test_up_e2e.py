@@ -74,7 +74,8 @@ def fleet(tmp_path_factory, tiny_llama):
     with specfleet_up(workdir, cr, {**os.environ, **NODE}) as (proc, port):
         f = UpSession(workdir, port, proc)
         wait_for(lambda: proc.poll() is None and f.ready_replicas() >= 1, timeout=90)
-        f.operator_pid = json.loads((workdir / ".specfleet/fleet.json").read_text())["operatorPid"]
+        info = json.loads((workdir / ".specfleet/fleet.json").read_text())
+        f.operator_pid, f.gateway_pid = info["operatorPid"], info["gatewayPid"]
         yield f
 
 
@@ -171,8 +172,8 @@ def test_a_killed_engine_is_restarted_and_no_request_is_lost(fleet):
 
 def test_ctrl_c_shuts_everything_down(fleet):
     fleet.pods()
-    pids = {*fleet.pids, fleet.operator_pid}
-    assert len(pids) >= 4   # the operator, two engines, one of them restarted
+    pids = {*fleet.pids, fleet.operator_pid, fleet.gateway_pid}
+    assert len(pids) >= 5   # the operator, the gateway, two engines, one of them restarted
     fleet.proc.send_signal(signal.SIGINT)
     assert fleet.proc.wait(40) == 0
     wait_for(lambda: not any(alive(p) for p in pids), timeout=10)

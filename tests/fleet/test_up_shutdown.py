@@ -1,7 +1,7 @@
 """However `specfleet up` ends, nothing it started keeps running: Ctrl-C, SIGTERM, SIGHUP (the terminal
 closed), its stdout closed (`specfleet up | tee up.log`, then Ctrl-C to the whole pipeline), and even
 SIGKILL (its children die with it). Each case starts a real fleet (tiny random model), waits until the
-operator and an engine process run, ends `up` that way and checks that every one of them is gone."""
+operator, the gateway and an engine process run, ends `up` that way and checks that every one of them is gone."""
 from __future__ import annotations
 
 import json
@@ -34,14 +34,14 @@ def tiny_cr(tmp_path, tiny_llama) -> Path:
 
 
 def running_children(state: Path) -> tuple[int, set[int]]:
-    """(pid of `up`, pids of the operator and of the engine processes), once an engine process runs."""
+    """(pid of `up`, pids of the operator, the gateway and the engine processes), once an engine process runs."""
     info = json.loads((state / "fleet.json").read_text())
     with urllib.request.urlopen(info["api"] + "/api/v1/pods", timeout=5) as response:
         pods = json.loads(response.read())["items"]
     engines = {int(s["containerID"].removeprefix("local://")) for p in pods
                for s in (p.get("status") or {}).get("containerStatuses") or [] if s.get("containerID")}
     assert engines, "no engine process yet"
-    return info["pid"], {info["operatorPid"], *engines}
+    return info["pid"], {info["operatorPid"], info["gatewayPid"], *engines}
 
 
 def start(workdir: Path, cr: Path, pipeline: bool) -> subprocess.Popen:

@@ -15,7 +15,7 @@ import yaml
 from specfleet.cluster.apiserver.kubeconfig import write_kubeconfig
 from specfleet.cluster.apiserver.server import ApiServer, ServerConfig
 from specfleet.cluster.gateway.connect import from_kubeconfig, in_cluster
-from testkit import BIN, free_port, wait_for
+from testkit import BIN, free_port, service_account_kubeconfigs, wait_for
 
 
 def _get(url: str) -> tuple[int, dict]:
@@ -29,7 +29,7 @@ def _get(url: str) -> tuple[int, dict]:
 def test_gateway_run_follows_the_cluster_of_a_kubeconfig_and_exits_0_on_sigterm(tmp_path):
     server = ApiServer(ServerConfig(host="127.0.0.1", port=0)).start()
     port = free_port()
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+    kubeconfig = service_account_kubeconfigs(server, tmp_path)["gateway"]     # manifests/' RBAC
     proc = subprocess.Popen([str(BIN / "specfleet"), "gateway", "run", "--host", "127.0.0.1", "--port", str(port),
                              "--kubeconfig", str(kubeconfig), "--namespace", "default"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -117,6 +117,7 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     with running_apiserver(tmp / "kubeconfig", port=0) as server:
         c = Cluster(Path(server.kubeconfig))
+        c.server = server
         c.kubectl("apply", "-f", str(ROOT / "crds/inferenceservice.yaml"))
         c.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         wait_for(lambda: c.kubectl("get", "infsvc", "-n", NS, check=False).returncode == 0)
@@ -125,7 +126,12 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def operator(cluster, tmp_path_factory):
-    op = Operator(cluster.env, tmp_path_factory.mktemp("operator") / "operator.log")
+    """The operator under manifests/' ServiceAccount and RBAC (the tests drive the cluster as its admin)."""
+    from testkit import service_account_kubeconfigs
+
+    folder = tmp_path_factory.mktemp("operator")
+    kubeconfig = service_account_kubeconfigs(cluster.server, folder)["operator"]
+    op = Operator({**cluster.env, "KUBECONFIG": str(kubeconfig)}, folder / "operator.log")
     op.start()
     yield op
     op.stop()

@@ -30,6 +30,7 @@ from specfleet.operator import api, render
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "control"))
 from test_loop_e2e import stand_in_pods  # noqa: E402
+from testkit import service_account_kubeconfigs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +122,9 @@ def cluster(tmp_path):
 
 @pytest.fixture
 def operator(cluster, tmp_path):
-    op = KillableOperator(dict(cluster.env), tmp_path / "operator.log")
+    """The operator under manifests/' ServiceAccount and RBAC (the tests drive the cluster as its admin)."""
+    kubeconfig = service_account_kubeconfigs(cluster.server, tmp_path)["operator"]
+    op = KillableOperator({**cluster.env, "KUBECONFIG": str(kubeconfig)}, tmp_path / "operator.log")
     yield op
     op.stop()
     print(op.log.read_text()[-3000:] if op.log.exists() else "(no operator log)")

@@ -1,0 +1,179 @@
+"""Where a control step's engine series come from: the pods themselves, or Prometheus.
+
+- `DirectSource`: GET `/metrics` of every pod of the service (the default, and the fallback).
+- `PrometheusSource`: one instant query for every engine series of the fleet, shared by all services'
+  steps while it is younger than `max_age_s`; each series carries its sample time (`timestamp()`), so a
+  pod whose samples are older than `stale_after_s`, that Prometheus does not have, or whose series hold
+  NaN is scraped directly instead, and Prometheus down means every pod is. Windows come out the same
+  from either source: the raw counters, gauges and histograms, stamped with the time they were sampled.
+
+`SourceReport` says which source served a step and why; the runner puts it in a `MetricsSource`
+condition and the operator's `specfleet_metrics_source` gauge.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import httpx
+
+from specfleet.operator.control import telemetry
+from specfleet.operator.control.window import Scrape
+from specfleet.operator.metrics_source import SCRAPE_TIMEOUT_S, scrape_pods, scrape_from_series
+
+log = logging.getLogger("specfleet.operator.control")
+
+ENGINE_SERIES = '{__name__=~"vllm:.*|specfleet:.*",inferenceservice!=""}'
+SAMPLE_TIME_LABEL = "specfleet_sample"
+# Every engine series, plus one series per pod holding the time its last scrape was sampled: the query
+# API stamps values with the evaluation time, which says nothing about how old the data is.
+FLEET_QUERY = (f'{ENGINE_SERIES} or label_replace(timestamp(vllm:num_requests_running{{inferenceservice!=""}}), '
+               f'"{SAMPLE_TIME_LABEL}", "time", "", "")')
+DEFAULT_STALE_AFTER_S = 60.0            # four missed scrapes at the PodMonitor's 15 s
+
+
+@dataclass(frozen=True)
+class SourceReport:
+    """Which source served a step: `source` "prometheus" | "direct"; `reason` a condition reason."""
+
+    source: str
+    reason: str
+    message: str
+    preferred: bool                   # the configured source served every pod
+
+
+class DirectSource:
+    """Scrape each pod's `/metrics` (a pod that fails is left out, never reported as zeros)."""
+
+    name = "direct"
+
+    def __init__(self, http: httpx.AsyncClient | None = None):
+        self.http = http
+
+    async def scrape(self, namespace: str, endpoints: Mapping[str, str]) -> tuple[dict[str, Scrape], SourceReport]:
+        scrapes = await scrape_pods(endpoints, client=self.http) if endpoints else {}
+        return scrapes, SourceReport("direct", "DirectScrape", "metrics scraped from each engine pod", True)
+
+
+@dataclass
+class Snapshot:
+    """One fleet-wide query: scrapes by (namespace, pod), or the error that prevented it."""
+
+    taken: float                                  # monotonic
+    scrapes: dict[tuple[str, str], Scrape]
+    sampled: dict[tuple[str, str], float]         # wall-clock sample time per pod
+    dropped_nan: frozenset[tuple[str, str]]
+    error: str | None = None
+
+
+class PrometheusSource:
+    """The fleet's engine series from a Prometheus server, falling back to `DirectSource` per pod."""
+
+    name = "prometheus"
+
+    def __init__(self, url: str, http: httpx.AsyncClient | None = None, max_age_s: float = 5.0,
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S, timeout: float = SCRAPE_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self.url, self.http, self.timeout = url.rstrip("/"), http, timeout
+        self.max_age_s, self.stale_after_s, self.clock, self.wall = max_age_s, stale_after_s, clock, wall
+        self.direct = DirectSource(http)
+        self.snapshot: Snapshot | None = None
+        self.queries = 0
+        self.lock = asyncio.Lock()
+        self.last_error: str | None = None
+
+    async def scrape(self, namespace: str, endpoints: Mapping[str, str]) -> tuple[dict[str, Scrape], SourceReport]:
+        if not endpoints:
+            return {}, SourceReport("prometheus", "Prometheus", "no engine pods", True)
+        snap = await self.fleet()
+        fresh, missing = self._split(snap, namespace, endpoints)
+        direct = await scrape_pods({p: endpoints[p] for p in missing}, client=self.http) if missing else {}
+        return {**fresh, **direct}, self._report(snap, missing, len(endpoints))
+
+    async def fleet(self) -> Snapshot:
+        """The shared snapshot, queried again once older than `max_age_s` (one query at a time)."""
+        async with self.lock:
+            if self.snapshot is None or self.clock() - self.snapshot.taken >= self.max_age_s:
+                self.snapshot = await self._query()
+                self.queries += 1
+                telemetry.PROMETHEUS_QUERIES.labels("error" if self.snapshot.error else "ok").inc()
+                self._log_transition(self.snapshot.error)
+            return self.snapshot
+
+    async def _query(self) -> Snapshot:
+        taken = self.clock()
+        try:
+            client = self.http or httpx.AsyncClient(timeout=self.timeout)
+            try:
+                response = await client.get(f"{self.url}/api/v1/query", params={"query": FLEET_QUERY},
+                                            timeout=self.timeout)
+            finally:
+                if self.http is None:
+                    await client.aclose()
+            response.raise_for_status()
+            body = response.json()
+            if body.get("status") != "success":
+                raise ValueError(f"query failed: {body.get('error', body)}")
+            result = body["data"]["result"]
+        except (httpx.HTTPError, httpx.InvalidURL, KeyError, ValueError, TypeError) as exc:
+            return Snapshot(taken, {}, {}, frozenset(), error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        return self._parse(taken, result)
+
+    def _parse(self, taken: float, result: list[dict]) -> Snapshot:
+        """Series grouped by pod; a pod with any NaN or infinite sample is dropped whole."""
+        series: dict[tuple[str, str], list[tuple[str, dict, float]]] = {}
+        sampled: dict[tuple[str, str], float] = {}
+        nan: set[tuple[str, str]] = set()
+        for item in result:
+            metric = dict(item.get("metric") or {})
+            key = (metric.pop("namespace", ""), metric.pop("pod", ""))
+            value = float(item["value"][1])
+            if not all(key):
+                continue
+            if metric.get(SAMPLE_TIME_LABEL) == "time":
+                sampled[key] = value
+            elif not math.isfinite(value):
+                nan.add(key)
+            else:
+                series.setdefault(key, []).append((metric.pop("__name__", ""), metric, value))
+        offset = self.clock() - self.wall()           # wall-clock sample time -> this process's monotonic clock
+        scrapes = {key: scrape_from_series(rows, sampled[key] + offset)
+                   for key, rows in series.items() if key in sampled and key not in nan}
+        return Snapshot(taken, scrapes, sampled, frozenset(nan))
+
+    def _split(self, snap: Snapshot, namespace: str, endpoints: Mapping[str, str]
+               ) -> tuple[dict[str, Scrape], list[str]]:
+        """Pods Prometheus has fresh data for, and the rest (to scrape directly)."""
+        now = self.wall()
+        fresh = {pod: snap.scrapes[(namespace, pod)] for pod in endpoints
+                 if (namespace, pod) in snap.scrapes and now - snap.sampled[(namespace, pod)] <= self.stale_after_s}
+        return fresh, [pod for pod in endpoints if pod not in fresh]
+
+    def _report(self, snap: Snapshot, missing: list[str], total: int) -> SourceReport:
+        if snap.error is not None:
+            return SourceReport("direct", "PrometheusUnavailable",
+                                f"Prometheus at {self.url} failed ({snap.error}); scraping each pod directly", False)
+        if not missing:
+            return SourceReport("prometheus", "Prometheus", f"metrics from Prometheus at {self.url}", True)
+        why = "NaN samples" if any(key[1] in missing for key in snap.dropped_nan) else \
+            f"no series or none newer than {self.stale_after_s:g} s"
+        return SourceReport("prometheus" if len(missing) < total else "direct", "PrometheusStale",
+                            f"Prometheus has {why} for {len(missing)} of {total} pod(s) ({', '.join(sorted(missing)[:5])}); "
+                            "those are scraped directly", False)
+
+    def _log_transition(self, error: str | None) -> None:
+        if error != self.last_error:
+            if error is None:
+                log.info("metrics source: Prometheus at %s answers again", self.url)
+            else:
+                log.warning("metrics source: Prometheus at %s failed (%s); falling back to direct scrapes",
+                            self.url, error)
+        self.last_error = error
+
+
+def source_for(prometheus_url: str | None, http: httpx.AsyncClient | None, **options) -> DirectSource | PrometheusSource:
+    return PrometheusSource(prometheus_url, http, **options) if prometheus_url else DirectSource(http)

@@ -1,0 +1,136 @@
+"""Where the control loop's engine series come from (`control/sources.py`): a real Prometheus scraping
+stand-in engine pods gives the same scrapes as the pods themselves, one query serves every service, and
+Prometheus down, stale, missing a pod or holding NaN falls back to direct scrapes pod by pod, saying why."""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from prometheus_kit import free_port, running_prometheus
+from specfleet.operator.control.sources import DirectSource, PrometheusSource, SAMPLE_TIME_LABEL
+from specfleet.operator.control.window import build_window
+
+NS, SERVICE = "prod", "chat"
+
+
+def scrape_config(endpoints: dict[str, str], namespace: str = NS) -> dict:
+    """A static config labelling each stand-in as the PodMonitor labels an engine pod."""
+    return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "engines", "scrape_interval": "1s", "static_configs": [
+                {"targets": [urlparse(url).netloc],
+                 "labels": {"namespace": namespace, "pod": pod, "inferenceservice": SERVICE}}
+                for pod, url in endpoints.items()]}]}
+
+
+async def until(probe, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := await probe()):
+            return value
+        await asyncio.sleep(0.25)
+    raise AssertionError("condition not reached")
+
+
+async def scraped_by_prometheus(source: PrometheusSource, endpoints: dict[str, str]):
+    async def probe():
+        source.snapshot = None
+        scrapes, report = await source.scrape(NS, endpoints)
+        return (scrapes, report) if report.reason == "Prometheus" else None
+    return await until(probe)
+
+
+async def test_prometheus_gives_the_scrapes_the_pods_give(tmp_path, fake_engine_pods):
+    engines, endpoints = fake_engine_pods(2)
+    with running_prometheus(tmp_path, scrape_config(endpoints)) as prometheus:
+        source = PrometheusSource(prometheus.url, max_age_s=0.0)
+        first, report = await scraped_by_prometheus(source, endpoints)
+        direct, _ = await DirectSource().scrape(NS, endpoints)
+        assert report.source == "prometheus" and report.preferred
+        for pod in endpoints:
+            assert set(first[pod].counters) == set(direct[pod].counters)
+            assert set(first[pod].gauges) <= set(direct[pod].gauges)
+            assert set(first[pod].histograms) == set(direct[pod].histograms)
+        await asyncio.sleep(2.5)
+        second, _ = await source.scrape(NS, endpoints)
+    window = build_window(first, second, expected=2)
+    assert window is not None and window.complete
+    # Each stand-in starts one request a second per 0.5 rps; two pods: about 1 request a second.
+    assert window.requests_per_second == pytest.approx(2 * engines[0].rps, rel=0.35)
+
+
+async def test_one_query_serves_every_service_in_an_interval(tmp_path, fake_engine_pods):
+    _, endpoints = fake_engine_pods(2)
+    with running_prometheus(tmp_path, scrape_config(endpoints)) as prometheus:
+        source = PrometheusSource(prometheus.url, max_age_s=30.0)
+        await asyncio.gather(*(source.scrape(NS, {pod: url}) for _ in range(10) for pod, url in endpoints.items()))
+    assert source.queries == 1
+
+
+async def test_prometheus_down_falls_back_to_the_pods_and_comes_back(tmp_path, fake_engine_pods):
+    _, endpoints = fake_engine_pods(2)
+    port = free_port()
+    config = scrape_config(endpoints)
+    source = PrometheusSource(f"http://127.0.0.1:{port}", max_age_s=0.0)
+    with running_prometheus(tmp_path / "a", config, port=port):
+        await scraped_by_prometheus(source, endpoints)
+    scrapes, report = await source.scrape(NS, endpoints)
+    assert report.source == "direct" and report.reason == "PrometheusUnavailable" and not report.preferred
+    assert "Prometheus at" in report.message and set(scrapes) == set(endpoints)
+    with running_prometheus(tmp_path / "b", config, port=port):
+        _, report = await scraped_by_prometheus(source, endpoints)
+    assert report.source == "prometheus"
+
+
+async def test_a_pod_prometheus_lacks_is_scraped_directly(tmp_path, fake_engine_pods):
+    _, endpoints = fake_engine_pods(2)
+    known = dict(list(endpoints.items())[:1])
+    with running_prometheus(tmp_path, scrape_config(known)) as prometheus:
+        source = PrometheusSource(prometheus.url, max_age_s=0.0)
+        await scraped_by_prometheus(source, known)
+        scrapes, report = await source.scrape(NS, endpoints)
+    assert set(scrapes) == set(endpoints)
+    assert report.reason == "PrometheusStale" and report.source == "prometheus" and not report.preferred
+    assert "1 of 2 pod(s)" in report.message
+
+
+async def test_unreachable_and_wrong_urls_are_reported_not_raised(fake_engine_pods):
+    _, endpoints = fake_engine_pods(1)
+    pod_url = next(iter(endpoints.values()))          # answers HTTP, but is no Prometheus
+    for url in (f"http://127.0.0.1:{free_port()}", pod_url, "http://256.0.0.1:1"):
+        scrapes, report = await PrometheusSource(url, timeout=1.0).scrape(NS, endpoints)
+        assert report.reason == "PrometheusUnavailable", url
+        assert set(scrapes) == set(endpoints)         # the pods themselves still answered
+
+
+# -- the parse, on vectors as the query API returns them -----------------------------------------------
+def vector(pod: str, sampled: float, value: str = "7", namespace: str = NS) -> list[dict]:
+    labels = {"namespace": namespace, "pod": pod, "inferenceservice": SERVICE, "model_name": "m"}
+    return [{"metric": {"__name__": "vllm:generation_tokens_total", **labels}, "value": [sampled + 1, value]},
+            {"metric": {"__name__": "vllm:num_requests_running", **labels}, "value": [sampled + 1, "2"]},
+            {"metric": {**labels, SAMPLE_TIME_LABEL: "time"}, "value": [sampled + 1, str(sampled)]}]
+
+
+def test_samples_carry_their_own_time_on_this_process_clock():
+    source = PrometheusSource("http://unused", clock=lambda: 500.0, wall=lambda: 10_000.0)
+    snap = source._parse(500.0, vector("a", 9_990.0))
+    scrape = snap.scrapes[(NS, "a")]
+    assert scrape.time == pytest.approx(490.0)         # sampled 10 s ago
+    assert scrape.counters == {"vllm:generation_tokens": 7.0}
+    assert scrape.gauges == {"vllm:num_requests_running": 2.0}
+
+
+def test_stale_nan_and_other_namespaces_are_left_to_direct_scrapes():
+    wall = 10_000.0
+    source = PrometheusSource("http://unused", stale_after_s=60.0, clock=lambda: 0.0, wall=lambda: wall)
+    snap = source._parse(0.0, vector("fresh", wall - 5) + vector("old", wall - 120) + vector("nan", wall - 5, "NaN")
+                         + vector("elsewhere", wall - 5, namespace="other"))
+    assert (NS, "nan") in snap.dropped_nan and (NS, "nan") not in snap.scrapes
+    endpoints = {p: f"http://{p}" for p in ("fresh", "old", "nan", "elsewhere", "absent")}
+    fresh, missing = source._split(snap, NS, endpoints)
+    assert set(fresh) == {"fresh"} and missing == ["old", "nan", "elsewhere", "absent"]
+    assert "NaN samples" in source._report(snap, ["nan"], 2).message
+    assert math.isfinite(fresh["fresh"].time)

@@ -1,9 +1,11 @@
 """A real Prometheus server for tests: started on a free loopback port with a given scrape config and
-its own data folder, stopped (with its process group) however the test ends."""
+its own data folder, stopped (with its process group) however the test ends; and the shipped Grafana
+dashboard's queries, with its template variables substituted as Grafana would."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -18,6 +20,35 @@ from typing import Iterator
 
 import pytest
 import yaml
+
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "manifests/grafana/dashboard.json"
+VARIABLE = re.compile(r"\$\{?(\w+)\}?")
+
+
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    """(where, expr) for every target of every panel."""
+    return [(f"{p['title']} [{t['refId']}]", t["expr"]) for p in dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def variable_queries() -> list[tuple[str, str]]:
+    """(variable, the series selector of its `label_values(selector, label)` query)."""
+    out = []
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] == "query":
+            inner = re.fullmatch(r"label_values\((.*), *\w+\)", variable["query"])
+            out.append((variable["name"], inner.group(1)))
+    return out
+
+
+def substituted(expr: str, values: dict[str, str] | None = None) -> str:
+    """`expr` with each `$var` as Grafana sends it: a value given here, else `.*` ('All' of a regex matcher)."""
+    return VARIABLE.sub(lambda m: (values or {}).get(m.group(1), ".*"), expr)
 
 
 def prometheus_binary() -> str:

@@ -194,6 +194,30 @@ def test_speculation_is_switched_off_on_every_pod(fleet):
     assert svc["status"]["observed"]["acceptanceRate"] == 0
 
 
+def test_the_loop_read_prometheus_and_every_dashboard_panel_shows_data(fleet):
+    """The fleet's Prometheus (up runs one when it is on PATH, as CI's is) served the control loop that
+    scaled and switched above, and every panel and variable of the shipped dashboard returns series."""
+    from prometheus_kit import Prometheus, panel_queries, prometheus_binary, substituted, variable_queries
+
+    prometheus_binary()                         # skips here (fails in CI) without it
+    url = json.loads((fleet.state / "fleet.json").read_text())["prometheus"]
+    assert url, "specfleet up did not start its Prometheus"
+    # A new pod is scraped directly until Prometheus has its first samples (targets follow within seconds).
+    source = wait_for(lambda: (c := fleet.condition("MetricsSource"))["reason"] == "Prometheus" and c, timeout=30)
+    assert source["status"] == "True", source
+    prometheus = Prometheus(url)
+    values = {"namespace": "default", "service": NAME}
+    empty = {}
+    for where, expr in panel_queries() + variable_queries():
+        query = substituted(expr, values)
+        try:                                    # recording rules need an evaluation or two after the load
+            wait_for(lambda: prometheus.query(query)["data"]["result"], timeout=20, every=1.0)
+        except AssertionError:
+            empty[where] = query
+    assert empty == {}, f"panels without data: {empty}"
+    fleet.mark("every dashboard panel has data")
+
+
 def test_ctrl_c_shuts_everything_down(fleet):
     fleet.pods()
     pids = {*fleet.pids, fleet.operator_pid}

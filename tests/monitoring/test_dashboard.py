@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prometheus_kit import running_prometheus
+from prometheus_kit import panel_queries, running_prometheus, substituted, variable_queries
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = json.loads((ROOT / "manifests/grafana/dashboard.json").read_text())
@@ -16,15 +16,6 @@ PANELS = DASHBOARD["panels"]
 VARIABLES = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
-
-
-def expressions() -> list[tuple[str, str]]:
-    return [(f"{p['title']} [{t['refId']}]", t["expr"]) for p in PANELS for t in p.get("targets", [])]
-
-
-def substituted(expr: str) -> str:
-    """What Grafana sends for 'All' of a multi-value variable in a regex matcher."""
-    return re.sub(r"\$\{?(\w+)\}?", ".*", expr)
 
 
 def test_dashboard_identity():
@@ -63,7 +54,7 @@ def test_every_query_uses_the_datasource_variable():
 
 
 def test_every_variable_used_is_defined():
-    used = {name for _, expr in expressions() for name in re.findall(r"\$\{?(\w+)\}?", expr)}
+    used = {name for _, expr in panel_queries() for name in re.findall(r"\$\{?(\w+)\}?", expr)}
     used |= {name for v in VARIABLES.values() for name in re.findall(r"\$\{?(\w+)\}?", str(v.get("query", "")))}
     assert used <= set(VARIABLES), f"undefined variables: {used - set(VARIABLES)}"
 
@@ -71,12 +62,6 @@ def test_every_variable_used_is_defined():
 @pytest.mark.slow
 def test_every_expression_parses_in_a_real_prometheus(tmp_path):
     with running_prometheus(tmp_path) as prometheus:
-        for where, expr in expressions():
+        for where, expr in panel_queries() + variable_queries():
             reply = prometheus.query(substituted(expr))
             assert reply["status"] == "success", f"{where}: {reply.get('error')}"
-        for name, variable in VARIABLES.items():
-            query = variable.get("query", "")
-            if variable["type"] == "query":
-                inner = re.fullmatch(r"label_values\((.*), *\w+\)", query)
-                reply = prometheus.query(substituted(inner.group(1)))
-                assert reply["status"] == "success", f"variable {name}: {reply.get('error')}"

@@ -634,7 +634,8 @@ class Fleet:
     def _summary(self) -> dict:
         return {"gateway": f"http://{self.config.host}:{self.config.port}/v1",
                 "stats": dict(self.gateway_health.get("stats") or {}),
-                "kubeconfig": str(self.state_dir / "kubeconfig"), "load": dict(self.load_stats)}
+                "kubeconfig": str(self.state_dir / "kubeconfig"), "load": dict(self.load_stats),
+                "prometheus": self.prometheus.url if self.prometheus else None}
 
 
 async def _stop_child(proc: subprocess.Popen | None, grace_s: float) -> None:
@@ -698,6 +699,9 @@ def render_status(services: list[dict], pods: list[dict], summary: dict, events:
     lines = [f"gateway {summary.get('gateway')}   requests {stats.get('requests', 0)}  retries "
              f"{stats.get('retries', 0)}  failed {stats.get('failed', 0)}",
              f"kubectl --kubeconfig {summary.get('kubeconfig')} get infsvc"]
+    if summary.get("prometheus"):
+        lines.append(f"Prometheus {summary['prometheus']} (the control loop's metrics; the dashboard's queries run "
+                     "against it)")
     if load.get("profile"):
         lines.append(f"load {load['profile']}: phase {load['phase']}, {load['clients']} clients, "
                      f"{load['ok']} ok / {load['failed']} failed")
@@ -791,5 +795,6 @@ def status(state_dir: Path):
         stats = get(info["gateway"].removesuffix("/v1") + "/health").get("stats", {})
     except OSError:
         stats = {}
-    summary = {"gateway": info["gateway"], "stats": stats, "kubeconfig": info["kubeconfig"]}
+    summary = {"gateway": info["gateway"], "stats": stats, "kubeconfig": info["kubeconfig"],
+               "prometheus": info.get("prometheus")}
     return render_status(services, pods, summary, [])

@@ -31,6 +31,13 @@ while on, above 1 + band while off), so a batch that stays inside the band cross
     .venv/bin/python benchmarks/closed_loop.py                      # 3 x ~11 min; writes results/closed_loop.json
     .venv/bin/python benchmarks/closed_loop.py --scale 0.1 --modes auto --out /tmp/cl.json   # a quick check
 
+Timeline: before each mode's `up` stops, the fleet's Prometheus (`up` runs one when `prometheus` is on
+PATH) is asked for range queries over the run at its scrape interval (benchmarks/timeline.py): request
+rate and mean batch, desired and ready replicas, speculation on/off and k, TTFT and ITL p99 with the SLO
+targets, and the error budget's burn rate. The data goes into the JSON (`runs.<mode>.timeline`, first
+repeat) and is drawn as `<out stem>_timeline_<mode>.png` beside it; `--render-only JSON` draws them again
+from a JSON alone. Without Prometheus the images are skipped with one line.
+
 The control interval and speculation dwell are shortened for the benchmark (--interval 5 s, --dwell 10 s
 by default, through SPECFLEET_CONTROL_INTERVAL / SPECFLEET_SPECULATION_DWELL).
 """
@@ -57,6 +64,7 @@ from pathlib import Path
 
 import yaml
 
+import timeline                                  # benchmarks/timeline.py: the run's picture from Prometheus
 from speculation import COPY_TASKS, OPEN_TASKS   # benchmarks/speculation.py: the same prompt sets
 
 from specfleet.operator.control.speculation import SpeculationPolicy
@@ -115,6 +123,11 @@ class Fleet:
     def api(self) -> str:
         return json.loads((self.state / "fleet.json").read_text())["api"]
 
+    @property
+    def prometheus(self) -> str | None:
+        """The fleet's Prometheus URL (None when `up` runs without one)."""
+        return json.loads((self.state / "fleet.json").read_text()).get("prometheus")
+
     def get(self, path: str, token: str | None = None, timeout: float = 5.0) -> dict:
         url = path if path.startswith("http") else self.api + path
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -172,6 +185,8 @@ def keep_logs(workdir: Path, into: Path) -> None:
     shutil.copy(workdir / "up.log", into)
     if (workdir / "state/logs").is_dir():
         shutil.copytree(workdir / "state/logs", into / "logs", dirs_exist_ok=True)
+    if (workdir / "state/prometheus").is_dir():      # its TSDB too: the timeline can be queried again from it
+        shutil.copytree(workdir / "state/prometheus", into / "prometheus", dirs_exist_ok=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -350,6 +365,57 @@ class Poller(threading.Thread):
         service = self.fleet.service()
         return Sample(time.monotonic() - self.t0, counters, buckets, speculating, *reported_threshold(service),
                       reported_scales(service))
+
+
+# -- the timeline (benchmarks/timeline.py) ----------------------------------------------------------------------
+TIMELINE_LEAD_S = 10.0      # the picture starts this long before the trace: the fleet idle, as the load finds it
+
+
+def fleet_timeline(fleet: Fleet, trace: Trace, t0_wall: float, switched: list[dict], settings: Settings,
+                   targets: tuple[float, float]) -> dict:
+    """The run's range data from the fleet's Prometheus, queried while `up` (and so it) still runs, with
+    what the benchmark knows beside it: active clients, phases, switches, SLO targets."""
+    url = fleet.prometheus
+    if url is None:
+        return {"skipped": "this fleet ran no Prometheus (prometheus is not on PATH)"}
+    try:
+        step = timeline.scrape_interval_s(url)
+        time.sleep(step + 0.5)                       # the run's last scrape lands
+        span = timeline.Span(fleet.namespace, fleet.name, t0_wall - TIMELINE_LEAD_S, time.time(), t0_wall,
+                             step, rate_window_s=max(5 * step, settings.interval_s))
+        data = timeline.collect(url, span)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return {"skipped": f"Prometheus at {url}: {exc}"[:300]}
+    return {**data, "clients": clients_series(trace, span), "slo_s": {"ttft": targets[0], "itl": targets[1]},
+            "spec_replicas": fleet.doc["spec"].get("replicas"),
+            "phases": [[name, round(start, 2), round(end, 2)] for name, start, end in trace.bounds()],
+            "switches": [{k: s[k] for k in ("t", "enabled", "k", "reason")} for s in switched]}
+
+
+def clients_series(trace: Trace, span: timeline.Span) -> list[list[float]]:
+    """[[t, clients sending]] at the span's steps: the trace's count while it runs, 0 before and after."""
+    out, t = [], span.start - span.t0
+    while t <= span.end - span.t0:
+        out.append([round(t, 2), trace.at(t)[1] if 0 <= t < trace.duration else 0])
+        t += span.step_s
+    return out
+
+
+def render_timelines(result: dict, out: Path) -> None:
+    """One PNG per mode beside the JSON (`<stem>_timeline_<mode>.png`), from the first repeat's timeline."""
+    config, skipped = result["config"], {}
+    for mode, run in result["runs"].items():
+        data = run.get("timeline") or {"skipped": "the run has no timeline (an older JSON)"}
+        if "skipped" in data:
+            skipped.setdefault(data["skipped"], []).append(mode)
+            continue
+        repeat = f", repeat 1 of {run['repeats']}" if run.get("repeats", 1) > 1 else ""
+        title = f"Closed loop on real engines: speculation mode {mode}{repeat}"
+        subtitle = f"{config['command']}   ({config['date']}, {config['cpus']} CPUs)"
+        path = timeline.render(data, out.with_name(f"{out.stem}_timeline_{mode}.png"), title, subtitle)
+        print(f"wrote {path}")
+    for why, modes in skipped.items():
+        print(f"no timeline image ({', '.join(modes)}): {why}")
 
 
 # -- reduction -------------------------------------------------------------------------------------------------
@@ -558,6 +624,7 @@ def run_mode(mode: str, settings: Settings, progress=None) -> dict:
         poller.halt.set()
         poller.join(10)
         switched = switches(fleet, t0_wall)
+        picture = fleet_timeline(fleet, trace, t0_wall, switched, settings, targets)
     samples = poller.samples
     phases = {name: span_figures(requests, samples, start, end, targets) for name, start, end in trace.bounds()}
     series = batch_series(samples, settings.interval_s)
@@ -570,7 +637,8 @@ def run_mode(mode: str, settings: Settings, progress=None) -> dict:
             "requests": {"sent": len(requests), "failed": sum(1 for r in requests if r.error),
                          "errors": sorted({r.error for r in requests if r.error})[:3]},
             "switch_check": switch_checks(crossed, switched, settings.interval_s, initially_on(samples))
-            if mode == "auto" else None}
+            if mode == "auto" else None,
+            "timeline": picture}
 
 
 def initially_on(samples: list[Sample]) -> bool:
@@ -723,11 +791,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--speculation", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="more spec.speculation fields of the CR, e.g. promptLookupMin=1 minAcceptanceRate=0.3")
-    parser.add_argument("--logs", type=Path, help="keep each run's `specfleet up` logs under this folder")
+    parser.add_argument("--logs", type=Path, help="keep each run's `specfleet up` logs (and its Prometheus "
+                        "folder, TSDB included) under this folder")
+    parser.add_argument("--render-only", type=Path, metavar="JSON",
+                        help="run nothing: draw an earlier run's timeline images again from its JSON")
     parser.add_argument("--recheck", type=Path, metavar="JSON",
                         help="run nothing: judge an earlier run's results again with this script's checks, "
                              "print them and write the file back")
     args = parser.parse_args()
+    if args.render_only:
+        return render_timelines(json.loads(args.render_only.read_text()), args.render_only)
     if args.recheck:
         return recheck(args.recheck)
     if args.scale <= 0 or args.repeats < 1:
@@ -745,6 +818,7 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print_report(result)
     print(f"wrote {args.out}")
+    render_timelines(result, args.out)
 
 
 if __name__ == "__main__":

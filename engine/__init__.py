@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"LLM": "llm", "LLMEngine": "engine", "EngineConfig": "config", "SamplingParams": "sampling_params",
-            "RequestOutput": "outputs"}
+            "RequestOutput": "outputs", "LoRARequest": "lora.request"}
 __all__ = list(_EXPORTS)
 
 

@@ -49,6 +49,12 @@ class EngineConfig:
     speculation_enabled: bool = True
     ngram_min: int = 2                  # the n-gram proposer matches suffixes of ngram_max down to ngram_min
     ngram_max: int = 4                  # tokens (vLLM's prompt_lookup_min / prompt_lookup_max)
+    # Multi-LoRA (vLLM's flags): up to max_loras adapters in one step, each of rank <= max_lora_rank; at most
+    # max_cpu_loras (default max_loras) kept loaded on CPU. Off: the model runs without any LoRA op.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,6 +84,17 @@ class EngineConfig:
         if self.max_speculative_tokens and self.max_speculative_tokens < self.num_speculative_tokens:
             raise ValueError(f"max_speculative_tokens ({self.max_speculative_tokens}) must be >= "
                              f"num_speculative_tokens ({self.num_speculative_tokens})")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        self._check_positive("max_loras", "max_lora_rank")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        if self.enable_lora and self.speculative_method == "draft":
+            raise ValueError("enable_lora cannot be combined with speculative_method='draft': the draft model has "
+                             "no adapters, so its drafts would be verified against a different model (use 'ngram')")
 
     def _check_positive(self, *names: str) -> None:
         for name in names:

@@ -16,6 +16,9 @@ from specfleet.engine.config import EngineConfig
 from specfleet.engine.cpu.tuning import keep_large_allocations_on_heap
 from specfleet.engine.detokenizer import IncrementalDetokenizer
 from specfleet.engine.kv.block_manager import BlockManager
+from specfleet.engine.lora.layers import LoRASlots
+from specfleet.engine.lora.manager import LoRAManager
+from specfleet.engine.lora.request import LoRARequest
 from specfleet.engine.model.loader import load_model
 from specfleet.engine.model_runner import ModelRunner, SampleRows, kv_bytes_per_block
 from specfleet.engine.outputs import RequestOutput
@@ -66,11 +69,13 @@ class LLMEngine:
         self.detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = loaded.model.shape.vocab_size
+        prepare_backend(loaded.model, config.attention_backend, self.device)
+        self.lora = self._build_lora(loaded) if config.enable_lora else None    # before the pool takes memory
         num_blocks = self._pool_blocks(loaded.model)
         self.max_model_len = min(config.max_model_len or loaded.max_position_embeddings,
                                  loaded.max_position_embeddings, num_blocks * config.block_size)
-        self.runner = ModelRunner(loaded.model, num_blocks, config.block_size, self.dtype, self.device)
-        prepare_backend(loaded.model, config.attention_backend, self.device)
+        self.runner = ModelRunner(loaded.model, num_blocks, config.block_size, self.dtype, self.device,
+                                  self.lora.slots.batch if self.lora else None)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                           config.free_block_watermark)
         self.scheduler = Scheduler(config, self.block_manager)
@@ -97,6 +102,12 @@ class LLMEngine:
         if budget < per_block:
             raise ValueError("no memory left for the KV cache; lower the model size or raise the memory share")
         return int(budget // per_block)
+
+    def _build_lora(self, loaded) -> LoRAManager:
+        c = self.config
+        slots = LoRASlots(loaded.model, c.max_loras, c.max_lora_rank, self.dtype, self.device)
+        names = tuple(n for n in (c.model, str(loaded.path), c.served_model_name) if n)
+        return LoRAManager(slots, loaded.model.shape, c.max_lora_rank, c.max_cpu_loras, names)
 
     def _build_speculator(self, num_blocks: int) -> Speculator:
         draft = None
@@ -147,16 +158,26 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens but the model's context is "
                              f"{self.max_model_len} tokens (including at least one output token)")
 
+    def load_lora(self, request: LoRARequest | None) -> int:
+        """The adapter's int id (0: none), its folder validated and cached. Raises LoRAError or ValueError."""
+        if request is None:
+            return 0
+        if self.lora is None:
+            raise ValueError(f"request names LoRA adapter {request.lora_name!r} but the engine runs without "
+                             "LoRA (enable_lora=True)")
+        return self.lora.register(request)
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, lora_request: LoRARequest | None = None) -> None:
         params = params or SamplingParams()
         prompt_ids = self.encode(prompt)
         self.validate(prompt_ids, request_id, params)
+        lora_id = self.load_lora(lora_request)
         free_slots = max(0, self.config.max_num_seqs - self.num_running)
         if self.num_waiting >= self.config.max_waiting_requests + free_slots:
             raise EngineOverloaded(f"{self.num_waiting} requests are already waiting")
         seq = Sequence(request_id, prompt_ids, len(prompt_ids), params, arrival_time or time.monotonic(),
-                       prompt=prompt if isinstance(prompt, str) else None)
+                       prompt=prompt if isinstance(prompt, str) else None, lora_id=lora_id)
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         self.requests[request_id] = seq
@@ -191,7 +212,7 @@ class LLMEngine:
         decodes = self._decoding(scheduled)           # before verification clears the drafts
         if self._speculating:
             self.stats.spec_decode_seq_steps += decodes[0]
-        logits, rows = self.runner.execute(scheduled)
+        logits, rows = self.runner.execute(scheduled, self._lora_slots(scheduled))
         for seq, n in zip(scheduled.seqs, scheduled.num_new_tokens):
             if not seq.spec_token_ids:
                 seq.num_computed_tokens += n
@@ -206,6 +227,14 @@ class LLMEngine:
         self.scheduler.observe_step(duration)
         self._record(scheduled, decodes, bool(verifying), duration)
         return outputs
+
+    def _lora_slots(self, scheduled: SchedulerOutput) -> dict[int, int] | None:
+        if self.lora is None:
+            return None
+        needed = {seq.lora_id for seq in scheduled.seqs if seq.lora_id}
+        if not needed:
+            return None
+        return self.lora.activate(needed, self.scheduler.running_loras())
 
     def _drop_unscheduled_drafts(self, drafted: list[Sequence], scheduled: SchedulerOutput) -> None:
         in_step = {id(s) for s in scheduled.seqs}

@@ -5,6 +5,7 @@ from typing import Sequence as Seq
 
 from specfleet.engine.config import EngineConfig
 from specfleet.engine.engine import LLMEngine
+from specfleet.engine.lora.request import LoRARequest
 from specfleet.engine.outputs import RequestOutput
 from specfleet.engine.sampling_params import SamplingParams
 
@@ -31,23 +32,29 @@ class LLM:
 
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False,
+                 lora_request: LoRARequest | Seq[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """`lora_request`: one adapter for all prompts, or one (or None: the base model) per prompt."""
         prompt_list = _as_prompt_list(prompts)
-        params = self._params_for(prompt_list, sampling_params)
+        params = self._per_prompt(prompt_list, sampling_params, SamplingParams, SamplingParams(), "sampling params")
+        loras = self._per_prompt(prompt_list, lora_request, LoRARequest, None, "LoRA requests")
         encoded = [self.engine.encode(p) for p in prompt_list]
         ids = [self._next_id() for _ in prompt_list]
-        for request_id, prompt_ids, p in zip(ids, encoded, params):
+        for request_id, prompt_ids, p, lora in zip(ids, encoded, params, loras):
             self.engine.validate(prompt_ids, request_id, p)    # all-or-nothing before any is queued
-        for request_id, prompt, p in zip(ids, prompt_list, params):
-            self.engine.add_request(request_id, prompt, p)
+            self.engine.load_lora(lora)
+        for request_id, prompt, p, lora in zip(ids, prompt_list, params, loras):
+            self.engine.add_request(request_id, prompt, p, lora_request=lora)
         return self._run(ids, use_tqdm)
 
-    def _params_for(self, prompts: list[Prompt], sampling_params) -> list[SamplingParams]:
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            return [sampling_params or SamplingParams()] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
-        return list(sampling_params)
+    @staticmethod
+    def _per_prompt(prompts: list[Prompt], given, kind: type, default, what: str) -> list:
+        """One value per prompt from a single value (or None: `default`) or a list of them."""
+        if given is None or isinstance(given, kind):
+            return [given or default] * len(prompts)
+        if len(given) != len(prompts):
+            raise ValueError(f"{len(given)} {what} for {len(prompts)} prompts")
+        return list(given)
 
     def _next_id(self) -> str:
         self._counter += 1

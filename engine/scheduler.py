@@ -10,6 +10,9 @@ their first token by arrival + target, if prefilled at the step's spare budget b
 prompts ahead of them, go first (arrival order), late ones after them (arrival order). In an overload
 FIFO makes every queued request late; this keeps about capacity/arrivals of them in time. Nothing is
 dropped, late prompts get whatever budget the on-time ones leave, and a late prompt stays late.
+
+With LoRA, running sequences use at most `max_loras` distinct adapters (one slot each): a waiting
+sequence whose adapter would be one too many waits, and those behind it may pass it.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.ttft_deadline_s = config.ttft_deadline_ms / 1000 if config.ttft_deadline_ms else None
         self.step_time_s = 0.0          # recent step time (EWMA), reported by the engine
+        self.max_loras = config.max_loras if config.enable_lora else None
 
     def observe_step(self, seconds: float) -> None:
         self.step_time_s = seconds if not self.step_time_s else 0.8 * self.step_time_s + 0.2 * seconds
@@ -106,8 +110,12 @@ class Scheduler:
         return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        passed: list[Sequence] = []                 # waiting for a LoRA slot; keep their place in the queue
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not self._lora_fits(seq):
+                passed.append(self.waiting.popleft())
+                continue
             chunk = self.block_manager.try_admit(seq, budget)
             if chunk == 0:
                 break
@@ -116,6 +124,16 @@ class Scheduler:
             self.running.append(seq)
             out.add(seq, chunk)
             budget -= chunk
+        self.waiting.extendleft(reversed(passed))
+
+    def _lora_fits(self, seq: Sequence) -> bool:
+        if not seq.lora_id or self.max_loras is None:
+            return True
+        in_use = self.running_loras()
+        return seq.lora_id in in_use or len(in_use) < self.max_loras
+
+    def running_loras(self) -> set[int]:
+        return {s.lora_id for s in self.running if s.lora_id}
 
     def preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)

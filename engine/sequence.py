@@ -36,6 +36,7 @@ class Sequence:
     spec_draft_probs: object | None = None                    # [k, V] draft distribution (None: n-gram)
     generator: object | None = None                           # torch.Generator for seeded sampling
     prompt: str | None = None
+    lora_id: int = 0                    # the LoRA adapter's int id; 0: the base model
     output_text: str = ""
     detok: DetokenizerState = field(default_factory=DetokenizerState)
 

@@ -1,10 +1,11 @@
 """Paged KV-cache bookkeeping: ref-counted blocks, on-demand allocation, and prefix caching.
 
 A full block of computed tokens is published under a chained hash (hash of the previous block's hash
-and this block's token ids). A later sequence whose prompt starts with the same tokens takes those
-blocks instead of recomputing them; a hit is verified against the stored token ids, so a hash
-collision costs a miss, never a wrong answer. Freed blocks that carry a hash stay findable until the
-pool needs them, least recently freed first; blocks without a hash are handed out before them.
+and this block's token ids; the first block chains from the sequence's LoRA adapter, so one adapter's
+KV never serves another's or the base model's). A later sequence whose prompt starts with the same
+tokens takes those blocks instead of recomputing them; a hit is verified against the stored token ids,
+so a hash collision costs a miss, never a wrong answer. Freed blocks that carry a hash stay findable
+until the pool needs them, least recently freed first; blocks without a hash are handed out before them.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ class BlockManager:
         """Cached blocks covering the longest prefix of `seq`, never including its last token."""
         if not self.enable_prefix_caching:
             return []
-        hits, prev = [], None
+        hits, prev = [], _root(seq)
         for i in range((seq.num_tokens - 1) // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
             prev = hash((prev, tokens))
@@ -118,7 +119,7 @@ class BlockManager:
         hashes = self._seq_hashes.setdefault(seq.request_id, [])
         for i in range(len(hashes), seq.num_computed_tokens // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            h = hash((hashes[-1] if hashes else None, tokens))
+            h = hash((hashes[-1] if hashes else _root(seq), tokens))
             hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = h, tokens
@@ -171,3 +172,8 @@ class BlockManager:
         else:
             block.hash, block.token_ids = None, ()
             self._free_plain.append(block_id)
+
+
+def _root(seq: Sequence) -> tuple[str, int] | None:
+    """What the first block's hash chains from: None for the base model (hashes as before), else the adapter."""
+    return ("lora", seq.lora_id) if seq.lora_id else None

@@ -78,8 +78,9 @@ def build_kernels() -> None:
     typer.echo("CPU attention kernel ready")
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True})
 def serve(
+    ctx: typer.Context,
     model: str = typer.Option(..., help="Model folder (Hugging Face layout) or built-in model name."),
     served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: --model)."),
     host: str = typer.Option("0.0.0.0", help="Address to listen on."),
@@ -123,11 +124,19 @@ def serve(
     log_steps: Optional[str] = typer.Option(
         None, help="Append one JSON line per engine step to this file (end time, duration, sequences, tokens, "
                    "decoding sequences, prompt tokens, speculating)."),
+    enable_lora: bool = typer.Option(False, help="Serve PEFT LoRA adapters (a request's model names one)."),
+    max_loras: int = typer.Option(1, help="Most distinct LoRA adapters in one step."),
+    max_lora_rank: int = typer.Option(16, help="Highest LoRA rank an adapter may have."),
+    max_cpu_loras: Optional[int] = typer.Option(None, help="LoRA adapters kept loaded on CPU (default: --max-loras)."),
+    lora_modules: list[str] = typer.Option(
+        [], "--lora-modules", help="Adapters to serve from start-up: name=path or JSON "
+                                   "'{\"name\":..,\"path\":..,\"base_model_name\":..}'; several may follow one flag."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with Prometheus metrics and an admin API."""
     from specfleet.engine.config import EngineConfig
     from specfleet.engine.server.auth import load_api_keys
     from specfleet.engine.server.limits import ServerLimits
+    from specfleet.engine.server.lora_api import LoRAModuleError
     from specfleet.engine.server.serve import run_server
 
     try:
@@ -140,12 +149,34 @@ def serve(
             max_speculative_tokens=max_speculative_tokens, ngram_min=prompt_lookup_min, ngram_max=prompt_lookup_max,
             speculation_enabled=_parse_bool(speculation_enabled, "--speculation-enabled"),
             max_waiting_requests=max_waiting_requests, ttft_deadline_ms=ttft_deadline_ms, itl_target_ms=itl_target_ms,
-            dtype=dtype, device=device, seed=seed)
+            dtype=dtype, device=device, seed=seed, enable_lora=enable_lora, max_loras=max_loras,
+            max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
         limits = ServerLimits(max_request_bytes=max_request_bytes, max_stop_strings=max_stop_strings)
         api_keys = load_api_keys(api_key, api_key_file)
+        modules = _lora_modules(lora_modules, ctx.args, enable_lora)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    run_server(config, host, port, admin_token_file, drain_timeout, log_level, limits, api_keys, log_steps)
+    try:
+        run_server(config, host, port, admin_token_file, drain_timeout, log_level, limits, api_keys, log_steps,
+                   modules)
+    except LoRAModuleError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _lora_modules(given: list[str], extra: list[str], enable_lora: bool) -> tuple:
+    """--lora-modules values; as in vLLM, more may follow the flag (click leaves them as extra arguments)."""
+    from specfleet.engine.server.lora import parse_lora_module
+
+    if extra and not given:
+        raise ValueError(f"unexpected argument(s): {' '.join(extra)}")
+    modules = tuple(parse_lora_module(text) for text in [*given, *extra])
+    if modules and not enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
+    names = [m.name for m in modules]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--lora-modules names an adapter twice: {sorted({n for n in names if names.count(n) > 1})}")
+    return modules
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:

@@ -167,6 +167,19 @@ class LLMEngine:
                              "LoRA (enable_lora=True)")
         return self.lora.register(request)
 
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter (vLLM's name); False if it is not loaded. Raises ValueError while a request uses it."""
+        if self.lora is None:
+            return False
+        users = [s.request_id for s in self.requests.values() if s.lora_id == lora_int_id]
+        if users:
+            raise ValueError(f"LoRA adapter {lora_int_id} is in use by {len(users)} request(s)")
+        return self.lora.unregister(lora_int_id)
+
+    def lora_names(self) -> dict[int, str]:
+        """Int id -> name of every loaded adapter."""
+        return {i: r.lora_name for i, r in self.lora.requests.items()} if self.lora else {}
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None, lora_request: LoRARequest | None = None) -> None:
         params = params or SamplingParams()

@@ -108,7 +108,7 @@ def started(start, stop):
 
 
 def start_server(model: str, admin_token: str | None = None, limits=None, api_keys: tuple[str, ...] = (),
-                 **engine_args) -> LiveServer:
+                 lora_modules: tuple = (), **engine_args) -> LiveServer:
     import uvicorn
 
     from specfleet.engine.config import EngineConfig
@@ -118,7 +118,7 @@ def start_server(model: str, admin_token: str | None = None, limits=None, api_ke
 
     engine_args = {"num_kv_blocks": 128, "max_num_seqs": 32, "served_model_name": "tiny", **engine_args}
     app = create_app(AsyncEngine(LLMEngine(EngineConfig(model=model, **engine_args))), admin_token=admin_token,
-                     limits=limits, api_keys=api_keys)
+                     limits=limits, api_keys=api_keys, lora_modules=lora_modules)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -5,7 +5,8 @@ arrives, so a bad adapter fails the request, not a later step. `activate` runs b
 adapter of the step's rows gets a slot, a free one or the least recently used one that no running
 sequence needs (the scheduler admits at most `max_loras` distinct adapters among running sequences, so
 one always exists). At most `max_cpu_loras` adapters stay on CPU (LRU); an evicted one is read again from
-its folder when it next needs a slot.
+its folder when it next needs a slot. `unregister` forgets an adapter (its slot and CPU copy); its int id is
+retired, never to name another adapter, since prefix-cache blocks stay keyed by it.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class LoRAManager:
         self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()  # LRU: oldest first
         self.slot_of: OrderedDict[int, int] = OrderedDict()      # int id -> slot, LRU: oldest first
         self.free_slots = list(range(slots.batch.num_slots))
+        self.retired: set[int] = set()                          # ids of unregistered adapters
 
     @property
     def num_slots(self) -> int:
@@ -36,6 +38,9 @@ class LoRAManager:
 
     def register(self, request: LoRARequest) -> int:
         """Validate (and cache) the request's adapter; returns its int id. Raises LoRAError."""
+        if request.lora_int_id in self.retired:
+            raise LoRAError(f"lora_int_id {request.lora_int_id} belonged to an unloaded adapter; an id is never "
+                            "reused (the prefix cache still holds blocks keyed by it)")
         known = self.requests.get(request.lora_int_id)
         if known is not None:
             if (known.lora_name, known.lora_path) != (request.lora_name, request.lora_path):
@@ -45,6 +50,17 @@ class LoRAManager:
         self._cache(request.lora_int_id, self._load(request))
         self.requests[request.lora_int_id] = request
         return request.lora_int_id
+
+    def unregister(self, lora_id: int) -> bool:
+        """Forget adapter `lora_id` (no sequence may use it any more); False if it is not registered."""
+        if self.requests.pop(lora_id, None) is None:
+            return False
+        self.retired.add(lora_id)
+        self.cpu.pop(lora_id, None)
+        slot = self.slot_of.pop(lora_id, None)
+        if slot is not None:
+            self.free_slots.append(slot)
+        return True
 
     def activate(self, needed: set[int], keep: set[int]) -> dict[int, int]:
         """Slot of each adapter in `needed` (loaded where missing); slots of `keep` (adapters of running

@@ -2,7 +2,8 @@
 
 With API keys configured, every route but `/health`, `/ready`, `/metrics` (probes, scrapers) and
 `/admin/*` (its own token) answers 401 without one (`auth.ApiKeyGate`); the admin API is off unless an
-admin token is given.
+admin token is given. With --enable-lora, a request's `model` may name a LoRA adapter, `/v1/models` lists
+the adapters, and vLLM's load/unload endpoints (`lora_api`) take the admin token.
 
 Every error leaves in the OpenAI shape `{"error": {"message", "type", "param", "code"}}`: our own
 errors, request validation (422 becomes 400, as OpenAI answers), unknown routes and anything unexpected.
@@ -20,10 +21,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specfleet.engine.server import admin
+from specfleet.engine.server import admin, lora_api
 from specfleet.engine.server.async_engine import AsyncEngine
 from specfleet.engine.server.auth import Access, ApiKeyGate
 from specfleet.engine.server.limits import AdmissionGate, BodyLimit, ServerLimits
+from specfleet.engine.server.lora import LoRAModule, LoRARegistry
 from specfleet.engine.server.metrics import ServerMetrics
 from specfleet.engine.server.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
                                                      error_body, model_card)
@@ -37,13 +39,17 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 
 def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_token: str | None = None,
-               limits: ServerLimits | None = None, api_keys: tuple[str, ...] = ()) -> FastAPI:
-    """Build the app around an AsyncEngine; the app's lifespan starts and stops its stepping thread."""
+               limits: ServerLimits | None = None, api_keys: tuple[str, ...] = (),
+               lora_modules: tuple[LoRAModule, ...] = ()) -> FastAPI:
+    """Build the app around an AsyncEngine; the app's lifespan starts and stops its stepping thread.
+    `lora_modules` are validated here (raises `lora_api.LoRAModuleError`), before the thread starts."""
     metrics = metrics or ServerMetrics(engine.engine.model_name)
     metrics.attach(engine)
     limits = limits or ServerLimits()
     access = Access(tuple(api_keys), admin_token)
-    state = ServerState(engine, metrics, engine.engine.model_name, access, limits)
+    loras = LoRARegistry(engine.engine.model_name, enabled=engine.engine.config.enable_lora)
+    lora_api.serve_lora_modules(engine.engine, loras, lora_modules)
+    state = ServerState(engine, metrics, engine.engine.model_name, access, limits, loras)
     serving = OpenAIServing(state)
 
     @asynccontextmanager
@@ -60,6 +66,7 @@ def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_
     app.add_middleware(ApiKeyGate, access=access)            # added last: outermost, before any body is read
     _install_error_handlers(app)
     app.include_router(admin.router)
+    app.include_router(lora_api.router)
 
     @app.post("/v1/completions", dependencies=[Depends(require_json)])
     async def completions(body: CompletionRequest, request: Request):
@@ -71,7 +78,10 @@ def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [model_card(state.model_name, state.created, state.max_model_len)]}
+        cards = [model_card(state.model_name, state.created, state.max_model_len)]
+        cards += [model_card(name, state.created, state.max_model_len, str(s.request.lora_path), s.parent)
+                  for name, s in state.loras.adapters.items()]
+        return {"object": "list", "data": cards}
 
     @app.get("/health")
     async def health():

@@ -1,8 +1,9 @@
 """AsyncEngine: one background thread owns the LLMEngine and steps it; asyncio handlers talk to it.
 
-Handlers submit commands (add, abort) to a thread-safe deque and wake the thread; the thread applies
-them between steps, steps while work remains, and hands each step's outputs back to the event loop
-with one `call_soon_threadsafe` per step. With nothing to do it sleeps on a `threading.Event`.
+Handlers submit commands (add, abort, `call`: an engine method such as loading a LoRA adapter) to a
+thread-safe deque and wake the thread; the thread applies them between steps, steps while work remains,
+and hands each step's outputs back to the event loop with one `call_soon_threadsafe` per step.
+With nothing to do it sleeps on a `threading.Event`.
 """
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-
+from typing import Any, Callable
 
 from specfleet.engine.cpu.tuning import release_free_memory
 from specfleet.engine.engine import LLMEngine
+from specfleet.engine.lora.request import LoRARequest
 from specfleet.engine.outputs import RequestOutput
 from specfleet.engine.sampling_params import SamplingParams
 
@@ -32,6 +34,7 @@ class SubRequest:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    lora_request: LoRARequest | None = None
 
 
 @dataclass
@@ -77,12 +80,21 @@ class _Add:
 
 
 @dataclass
+class _Call:
+    fn: Callable[[LLMEngine], Any]
+    future: asyncio.Future
+
+
+@dataclass
 class EngineSnapshot:
     """Gauges and counters copied by the stepping thread after each step, read by /metrics."""
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
     stats: dict = field(default_factory=dict)
+    running_loras: tuple[str, ...] = ()          # adapters of running / waiting requests (names, sorted)
+    waiting_loras: tuple[str, ...] = ()
+    taken_at: float = 0.0                        # time.time()
 
 
 class AsyncEngine:
@@ -132,6 +144,14 @@ class AsyncEngine:
         await future
         return stream
 
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """`fn(engine)` on the stepping thread, between steps; returns its result or raises its error."""
+        if not self.alive:
+            raise EngineDead("the engine is not running")
+        future = asyncio.get_running_loop().create_future()
+        self._submit(_Call(fn, future))
+        return await future
+
     def abort(self, request_ids: list[str]) -> None:
         self._submit(("abort", list(request_ids)))
 
@@ -174,6 +194,8 @@ class AsyncEngine:
             command = self._commands.popleft()
             if isinstance(command, _Add):
                 self._add(command)
+            elif isinstance(command, _Call):
+                self._call(command)
             elif command[0] == "abort":
                 self._abort(command[1])
             else:
@@ -184,7 +206,8 @@ class AsyncEngine:
         added: list[str] = []
         try:
             for item in command.items:
-                self.engine.add_request(item.request_id, item.prompt_ids, item.params, command.stream.arrival)
+                self.engine.add_request(item.request_id, item.prompt_ids, item.params, command.stream.arrival,
+                                        item.lora_request)
                 added.append(item.request_id)
         except BaseException as exc:           # noqa: BLE001 - handed to the waiting handler
             for request_id in added:
@@ -195,6 +218,14 @@ class AsyncEngine:
             self._streams[request_id] = command.stream
             self._timings[request_id] = _Timing(command.stream.arrival)
         self._resolve(command.future, None)
+
+    def _call(self, command: _Call) -> None:
+        try:
+            result = command.fn(self.engine)
+        except Exception as exc:               # noqa: BLE001 - handed to the waiting handler
+            self._resolve(command.future, exc)
+            return
+        self._resolve(command.future, None, result)
 
     def _abort(self, request_ids: list[str]) -> None:
         outputs = [out for out in map(self.engine.abort, request_ids) if out is not None]
@@ -234,18 +265,18 @@ class AsyncEngine:
                 tpot = (now - timing.first_token) / (timing.tokens - 1) if timing.tokens > 1 else 0.0
                 self.observer.served(timing.first_token - timing.arrival, tpot)
 
-    def _resolve(self, future: asyncio.Future, exc: BaseException | None) -> None:
+    def _resolve(self, future: asyncio.Future, exc: BaseException | None, result: Any = None) -> None:
         def settle() -> None:
             if future.done():
                 return
-            future.set_exception(exc) if exc is not None else future.set_result(None)
+            future.set_exception(exc) if exc is not None else future.set_result(result)
         self._loop.call_soon_threadsafe(settle)
 
     def _fail_all(self, exc: BaseException) -> None:
         streams = {id(s): s for s in self._streams.values()}.values()
         self._streams.clear()
         for command in list(self._commands):
-            if isinstance(command, _Add):
+            if isinstance(command, (_Add, _Call)):
                 self._resolve(command.future, exc)
         if streams and self._loop is not None:
             self._loop.call_soon_threadsafe(_deliver, [(s, exc) for s in streams])
@@ -255,7 +286,16 @@ class AsyncEngine:
         stats = dict(vars(e.stats))
         stats["spec_accepted_by_position"] = list(e.stats.spec_accepted_by_position)
         stats["ngram_proposed_by_depth"] = list(e.stats.ngram_proposed_by_depth)
-        self.snapshot = EngineSnapshot(e.num_running, e.num_waiting, e.kv_cache_usage, stats)
+        running, waiting = self._lora_names(e) if getattr(e, "lora", None) is not None else ((), ())
+        self.snapshot = EngineSnapshot(e.num_running, e.num_waiting, e.kv_cache_usage, stats, running, waiting,
+                                       time.time())
+
+    @staticmethod
+    def _lora_names(e: LLMEngine) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        names = e.lora_names()
+        running = {names[s.lora_id] for s in e.scheduler.running if s.lora_id in names}
+        waiting = {names[s.lora_id] for s in e.scheduler.waiting if s.lora_id in names}
+        return tuple(sorted(running)), tuple(sorted(waiting))
 
 
 def _deliver(batch: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:

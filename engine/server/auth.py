@@ -3,8 +3,9 @@
 `Access` holds the secrets a server was started with. `ApiKeyGate` is the ASGI middleware that, once
 keys are configured, answers 401 (the OpenAI error shape, as the `openai` client expects) to any request
 without a listed key, before the body is read or the request counts against the admission limit. Only
-probes and scrapers (`/health`, `/ready`, `/metrics`) pass without a key, and `/admin/*`, which has its
-own token. The admin API is off unless a token is configured: without one it answers 403, with one it
+probes and scrapers (`/health`, `/ready`, `/metrics`) pass without a key, and `/admin/*` and vLLM's
+`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`, which need the admin token instead. The admin API
+is off unless a token is configured: without one it answers 403, with one it
 needs `Authorization: Bearer <token>`. Every comparison is constant time over SHA-256 digests, so
 neither a key's content nor its length leaks through timing.
 """
@@ -23,6 +24,7 @@ from specfleet.engine.server.openai_protocol import OpenAIError, error_body
 API_KEY_ENV = "SPECFLEET_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 ADMIN_PREFIX = "/admin"
+ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})    # vLLM's paths, our admin token
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ class ApiKeyGate:
 
 
 def _exempt(path: str) -> bool:
-    return path in OPEN_PATHS or path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
+    return (path in OPEN_PATHS or path in ADMIN_PATHS or path == ADMIN_PREFIX
+            or path.startswith(ADMIN_PREFIX + "/"))
 
 
 def _header(scope, name: bytes) -> str | None:

@@ -2,7 +2,9 @@
 
 Counters and gauges are read at scrape time from the snapshot the stepping thread takes after every
 step; latency and per-step histograms are observed as they happen. Counters are exposed with the
-`_total` suffix (`vllm:prompt_tokens_total`), as vLLM and prometheus_client both do.
+`_total` suffix (`vllm:prompt_tokens_total`), as vLLM and prometheus_client both do. With LoRA on,
+`vllm:lora_requests_info` carries vLLM's labels (the adapters of running and waiting requests, max_lora)
+and the time of the engine snapshot as its value; only the current label set is exported.
 """
 from __future__ import annotations
 
@@ -100,6 +102,8 @@ class ServerMetrics:
                                    registry=r)
         self.rejected = Counter("specfleet:requests_rejected", "Requests refused before reaching the engine.",
                                 ["model_name", "reason"], registry=r)
+        self.lora_requests = Counter("specfleet:lora_requests", "Requests accepted for each LoRA adapter.",
+                                     ["model_name", "lora_name"], registry=r)
         self.registry.register(_EngineCollector(self))
 
     def attach(self, engine: "AsyncEngine") -> None:
@@ -137,6 +141,9 @@ class ServerMetrics:
         self.slo_served.inc()
         if (ttft_target is None or ttft_s <= ttft_target) and (itl_target is None or tpot_s <= itl_target):
             self.slo_met.inc()
+
+    def lora_request(self, lora_name: str) -> None:
+        self.lora_requests.labels(self.model_name, lora_name).inc()
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()
@@ -178,6 +185,8 @@ class _EngineCollector:
             proposed.add_metric([name, str(depth)], count)
         yield proposed
         yield from self._speculation(name, engine)
+        if engine is not None and engine.engine.config.enable_lora:
+            yield _lora_info(snap, engine.engine.config.max_loras)
 
     @staticmethod
     def _speculation(name: str, engine):
@@ -190,6 +199,14 @@ class _EngineCollector:
                      float(state.get("num_speculative_tokens") or 0))
         yield _gauge("specfleet:max_speculative_tokens", "Largest k settable without a restart.", name,
                      float(state.get("max_speculative_tokens") or 0))
+
+
+def _lora_info(snap, max_loras: int) -> GaugeMetricFamily:
+    """vLLM's info gauge: adapters in its labels (comma-separated names), the snapshot's time as its value."""
+    family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                               labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+    family.add_metric([str(max_loras), ",".join(snap.waiting_loras), ",".join(snap.running_loras)], snap.taken_at)
+    return family
 
 
 def _gauge(metric: str, help_text: str, model_name: str, value: float) -> GaugeMetricFamily:

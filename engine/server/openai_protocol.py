@@ -135,6 +135,16 @@ class SpeculationUpdate(_Request):
     num_speculative_tokens: Annotated[int, Field(ge=0)] | None = None
 
 
+class LoadLoRAAdapterRequest(_Request):
+    """vLLM's `POST /v1/load_lora_adapter` body."""
+    lora_name: Annotated[str, Field(min_length=1)]
+    lora_path: Annotated[str, Field(min_length=1)]
+
+
+class UnloadLoRAAdapterRequest(_Request):
+    lora_name: Annotated[str, Field(min_length=1)]
+
+
 # ---- responses (plain dicts: they are built on every streamed token) --------------------------
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -150,6 +160,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def model_card(name: str, created: int, max_model_len: int) -> dict:
-    return {"id": name, "object": "model", "created": created, "owned_by": "specfleet", "root": name,
-            "parent": None, "max_model_len": max_model_len}
+def model_card(name: str, created: int, max_model_len: int, root: str | None = None,
+               parent: str | None = None) -> dict:
+    """A /v1/models entry; a LoRA adapter has its folder as `root` and the base model as `parent`, as in vLLM."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "specfleet", "root": root or name,
+            "parent": parent, "max_model_len": max_model_len}

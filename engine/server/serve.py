@@ -51,19 +51,25 @@ class DrainingServer(uvicorn.Server):
 
 
 def build_app(config: EngineConfig, admin_token_file: str | None = None, limits=None,
-              api_keys: tuple[str, ...] = (), log_steps: str | None = None):
-    """Load the model and build the app (returns the app and its shared ServerState); with `log_steps`,
-    every engine step is appended to that file as a JSON line (`stats.StepLog`)."""
+              api_keys: tuple[str, ...] = (), log_steps: str | None = None, lora_modules: tuple = ()):
+    """Load the model and the start-up LoRA adapters and build the app (returns the app and its shared
+    ServerState); with `log_steps`, every engine step is appended to that file as a JSON line
+    (`stats.StepLog`). A bad adapter raises `lora_api.LoRAModuleError`."""
     from specfleet.engine.engine import LLMEngine
     from specfleet.engine.server.app import create_app
     from specfleet.engine.server.async_engine import AsyncEngine
     from specfleet.engine.server.auth import read_token_file
 
     token = read_token_file(admin_token_file) if admin_token_file else None
-    engine = load_off_the_main_thread(lambda: LLMEngine(config))
-    if log_steps:
-        engine.step_listeners.append(StepLog(log_steps))
-    app = create_app(AsyncEngine(engine), admin_token=token, limits=limits, api_keys=api_keys)
+
+    def build():
+        engine = LLMEngine(config)
+        if log_steps:
+            engine.step_listeners.append(StepLog(log_steps))
+        return create_app(AsyncEngine(engine), admin_token=token, limits=limits, api_keys=api_keys,
+                          lora_modules=tuple(lora_modules))
+
+    app = load_off_the_main_thread(build)       # adapters too: reading them runs parallel torch ops
     return app, app.state.server
 
 
@@ -94,9 +100,9 @@ def load_off_the_main_thread(build: Callable[[], T]) -> T:
 
 def run_server(config: EngineConfig, host: str = "0.0.0.0", port: int = 8000, admin_token_file: str | None = None,
                drain_timeout_s: float = 30.0, log_level: str = "info", limits=None,
-               api_keys: tuple[str, ...] = (), log_steps: str | None = None) -> None:
+               api_keys: tuple[str, ...] = (), log_steps: str | None = None, lora_modules: tuple = ()) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app, state = build_app(config, admin_token_file, limits, api_keys, log_steps)
+    app, state = build_app(config, admin_token_file, limits, api_keys, log_steps, lora_modules)
     if not api_keys:
         log.warning("no API key configured: the OpenAI endpoints are open to anyone who reaches %s:%d", host, port)
     if state.access.admin_token is None:

@@ -3,7 +3,8 @@
 One HTTP request fans out into `len(prompts) * n` engine requests (choice index = prompt * n + j),
 all added in one command so a full queue refuses all of them. Streams hold back a possible partial
 UTF-8 character and, with stop strings, the longest stop string's length minus one, so the chunks
-always concatenate to the non-streamed text.
+always concatenate to the non-streamed text. A request whose `model` names a LoRA adapter runs every
+sub-request with it and holds the adapter (`lora.LoRARegistry`) until it ends.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from specfleet.engine.server import openai_protocol as proto
 from specfleet.engine.server.async_engine import EngineDead, RequestStream, SubRequest
 from specfleet.engine.server.auth import Access
 from specfleet.engine.server.limits import ServerLimits
+from specfleet.engine.server.lora import LoRARegistry, ServedLoRA
 from specfleet.engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 
 DISCONNECT_POLL_S = 0.5
@@ -36,9 +38,13 @@ class ServerState:
     model_name: str
     access: Access = field(default_factory=Access)
     limits: ServerLimits = field(default_factory=ServerLimits)
+    loras: LoRARegistry | None = None          # None: LoRARegistry(model_name), LoRA off
     created: int = field(default_factory=proto.now)
     draining: bool = False
     in_flight: int = 0
+
+    def __post_init__(self) -> None:
+        self.loras = self.loras or LoRARegistry(self.model_name)
 
     @property
     def tokenizer(self):
@@ -73,6 +79,11 @@ class _Job:
     holdback: int                            # characters a stream keeps back for stop strings
     logprobs: int | None
     param: str                               # where the prompt came from: "prompt" or "messages"
+    lora: ServedLoRA | None = None           # the adapter the request's `model` names; None: the base model
+
+    @property
+    def model(self) -> str | None:
+        return self.lora.request.lora_name if self.lora else None
 
 
 @dataclass
@@ -93,19 +104,19 @@ class OpenAIServing:
         self.state = state
 
     # ---- requests -> jobs -----------------------------------------------------------------
-    def _check(self, req) -> None:
+    def _check(self, req) -> ServedLoRA | None:
+        """Refuses what cannot be served; returns the LoRA adapter the request names (None: the base model)."""
         state = self.state
         if state.draining:
             state.metrics.reject("draining")
             raise OpenAIError(503, "the server is shutting down; retry on another replica",
                               "service_unavailable_error", code="draining", headers={"Retry-After": "1"})
-        if req.model is not None and req.model != state.model_name:
-            raise OpenAIError(404, f"The model `{req.model}` does not exist.", "invalid_request_error",
-                              "model", "model_not_found")
+        lora = state.loras.resolve(req.model)
         field_name = req.unsupported()
         if field_name:
             raise proto.bad_request(f"`{field_name}` is not supported by this server", field_name, "unsupported")
         self._check_limits(req)
+        return lora
 
     def _check_limits(self, req) -> None:
         limits = self.state.limits
@@ -145,14 +156,14 @@ class OpenAIServing:
             raise proto.bad_request(str(exc)) from exc
 
     def _job(self, req, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None,
-             prefix: str, param: str) -> _Job:
+             prefix: str, param: str, lora: ServedLoRA | None) -> _Job:
         if len(prompts) * req.n > self.state.limits.max_choices:
             raise proto.bad_request(f"at most {self.state.limits.max_choices} choices (prompts x n) per request", "n")
         params = [self._params(req, len(p), max_tokens, logprobs, j, param) for p in prompts for j in range(req.n)]
         stops = params[0].stop if params else []
         include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         return _Job(proto.new_id(prefix), prompts, params, req.stream, include_usage,
-                    max((len(s) for s in stops), default=1) - 1, logprobs, param)
+                    max((len(s) for s in stops), default=1) - 1, logprobs, param, lora)
 
     def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
         prompt = req.prompt
@@ -182,31 +193,40 @@ class OpenAIServing:
     # ---- endpoints ------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, http: Request):
         arrival = time.monotonic()
-        self._check(req)
-        job = self._job(req, self.completion_prompts(req), req.max_tokens, req.logprobs, "cmpl", "prompt")
+        lora = self._check(req)
+        job = self._job(req, self.completion_prompts(req), req.max_tokens, req.logprobs, "cmpl", "prompt", lora)
         return await self._run(job, http, arrival, _CompletionFormat(self.state, job))
 
     async def chat(self, req: ChatCompletionRequest, http: Request):
         arrival = time.monotonic()
-        self._check(req)
+        lora = self._check(req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
-        job = self._job(req, [self.chat_prompt(req)], max_tokens, logprobs, "chatcmpl", "messages")
+        job = self._job(req, [self.chat_prompt(req)], max_tokens, logprobs, "chatcmpl", "messages", lora)
         return await self._run(job, http, arrival, _ChatFormat(self.state, job))
 
     async def _run(self, job: _Job, http: Request, arrival: float, fmt: "_Format"):
         n = len(job.params) // len(job.prompts)
-        items = [SubRequest(f"{job.request_id}-{i}", job.prompts[i // n], p) for i, p in enumerate(job.params)]
-        stream = await self._add(items, arrival, job.param)
+        lora_request = job.lora.request if job.lora else None
+        items = [SubRequest(f"{job.request_id}-{i}", job.prompts[i // n], p, lora_request)
+                 for i, p in enumerate(job.params)]
+        self.state.loras.acquire(job.lora)          # before the first await: an unload now sees it in flight
+        try:
+            stream = await self._add(items, arrival, job.param)
+        except BaseException:
+            self.state.loras.release(job.lora)
+            raise
         self.state.in_flight += 1
+        if job.lora:
+            self.state.metrics.lora_request(job.model)
         if job.stream:
-            return _EngineStreamingResponse(self._events(stream, job, fmt), lambda: self._close(stream),
+            return _EngineStreamingResponse(self._events(stream, job, fmt), lambda: self._close(stream, job),
                                             media_type="text/event-stream",
                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             finals = await self._collect(stream, http)
         finally:
-            self._close(stream)
+            self._close(stream, job)
         return JSONResponse(fmt.full(finals))
 
     async def _add(self, items: list[SubRequest], arrival: float, param: str) -> RequestStream:
@@ -221,10 +241,11 @@ class OpenAIServing:
         except ValueError as exc:
             raise proto.bad_request(str(exc), param) from exc
 
-    def _close(self, stream: RequestStream) -> None:
+    def _close(self, stream: RequestStream, job: _Job) -> None:
         if not stream.finished:
-            self.state.engine.abort(stream.request_ids)
+            self.state.engine.abort(stream.request_ids)     # queued ahead of any later unload of its adapter
         self.state.in_flight -= 1
+        self.state.loras.release(job.lora)
 
     async def _collect(self, stream: RequestStream, http: Request) -> list[RequestOutput]:
         finals: dict[str, RequestOutput] = {}
@@ -298,7 +319,8 @@ class _Format:
         self.done: dict[int, RequestOutput] = {}
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
-        return {"id": self.job.request_id, "object": obj, "created": self.created, "model": self.state.model_name,
+        model = self.job.model or self.state.model_name
+        return {"id": self.job.request_id, "object": obj, "created": self.created, "model": model,
                 "choices": choices, "system_fingerprint": None}
 
     def _count(self, outputs: list[RequestOutput]) -> dict:

@@ -1,62 +1,26 @@
 """Multi-LoRA: PEFT adapters served per row in one batch, token for token equal to transformers + peft."""
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 
 import pytest
 import torch
+from lora_kit import ADAPTERS, build_adapters, peft_greedy
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, GenerationConfig
 
 from specfleet.engine import LLM, EngineConfig, LoRARequest, SamplingParams
 from specfleet.engine.lora.adapter import LoRAError
 from specfleet.engine.lora.layers import LoRABatch, LoRALinear, TorchLoRAOps
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-# name -> (seed, LoraConfig arguments): every projection with a smaller o_proj rank, attention only with
-# rslora, the MLP only at the engine's highest rank
-ADAPTERS = {
-    "all": (1, dict(r=8, lora_alpha=16, rank_pattern={"o_proj": 2},
-                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
-    "qv-rslora": (2, dict(r=4, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "v_proj"])),
-    "mlp": (3, dict(r=16, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"])),
-}
 ENGINE = dict(num_kv_blocks=128, block_size=8, enable_lora=True, max_lora_rank=16)
-
-
-def build_adapter(base: str, folder, seed: int, **lora) -> str:
-    """A real PEFT folder with random A and B (peft's own init leaves B zero: no effect to test)."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    get_peft_model(model, LoraConfig(init_lora_weights=False, **lora)).save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.fixture(scope="module")
 def adapters(tiny_llama, tmp_path_factory) -> dict[str, LoRARequest]:
-    root = tmp_path_factory.mktemp("adapters")
-    return {name: LoRARequest(name, i, build_adapter(tiny_llama, root / name, seed, **lora))
-            for i, (name, (seed, lora)) in enumerate(ADAPTERS.items(), start=1)}
-
-
-@functools.lru_cache(maxsize=4)
-def _peft_model(base: str, adapter: str):
-    from peft import PeftModel
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    return PeftModel.from_pretrained(model, adapter).eval()
-
-
-def peft_greedy(base: str, adapter: str, prompt: list[int], max_new_tokens: int = 16) -> list[int]:
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
-    with torch.inference_mode():
-        out = _peft_model(base, adapter).generate(input_ids=torch.tensor([prompt]), generation_config=config,
-                                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
+    folders = build_adapters(tiny_llama, tmp_path_factory.mktemp("adapters"))
+    return {name: LoRARequest(name, i, path) for i, (name, path) in enumerate(folders.items(), start=1)}
 
 
 def record_active_adapters(llm: LLM) -> list[set[int]]:
@@ -149,6 +113,20 @@ def test_slots_are_reused_least_recently_used_first_but_never_from_running(tiny_
     assert manager.activate({ids[1]}, set()) == {ids[1]: 0}         # now ids[0] is the oldest
     with pytest.raises(RuntimeError, match="held by running sequences"):
         manager.activate({ids[0]}, {ids[1], ids[2]})
+
+
+def test_removed_adapter_frees_its_slot_and_its_id_never_names_another(tiny_llama, adapters):
+    llm = LLM(tiny_llama, **ENGINE, max_loras=1)
+    a, b = adapters["all"], adapters["mlp"]
+    llm.generate([[1, 2, 3]], GREEDY, lora_request=a)
+    llm.engine.add_request("busy", [1, 2, 3], GREEDY, lora_request=a)
+    with pytest.raises(ValueError, match="in use by 1 request"):
+        llm.engine.remove_lora(a.lora_int_id)
+    llm.engine.abort("busy")
+    assert llm.engine.remove_lora(a.lora_int_id) and not llm.engine.remove_lora(a.lora_int_id)
+    assert llm.engine.lora.free_slots == [0] and a.lora_int_id not in llm.engine.lora.cpu
+    with pytest.raises(LoRAError, match="belonged to an unloaded adapter"):
+        llm.generate([[1, 2, 3]], GREEDY, lora_request=LoRARequest("b", a.lora_int_id, b.lora_path))
 
 
 # ---- adapters the engine must refuse ------------------------------------------------------------------

@@ -1,27 +1,43 @@
-"""Operator at scale: N InferenceServices against the API emulator.
+"""Operator at scale: N InferenceServices against the API emulator, engine metrics from Prometheus or the pods.
 
-Runs `specfleet cluster apiserver` and `specfleet operator run` as separate processes, creates N
-InferenceServices in one burst, and measures:
-  - time until every one is reconciled (status.plan written and its Deployment present),
-  - per-object latency from create to reconciled, under that burst (p50/p99),
-  - reconcile latency of single SLO edits on a settled fleet (edit -> observedGeneration follows),
-    with the control loop running for every service (one daemon each, default 15 s interval),
-  - the operator's CPU while the settled fleet is idle (the control loop's idle cost),
-`--pods N` gives the first N services one Ready engine Pod each (podIP 127.0.0.1, container port of a
-stub engine serving a static `/metrics`), so their loops discover, scrape and decide every interval
-instead of idling; the emulator runs no kubelet, so without it no service has a pod.
-  - the operator's resident memory (peak and at the end).
+Runs `specfleet cluster apiserver` and `specfleet operator run` as separate processes (and, with
+`--metrics-source prometheus`, a real Prometheus), creates N InferenceServices in one burst, and measures:
+  - time until every one is reconciled (status.plan written and its Deployment present), and the
+    per-object latency from create to reconciled under that burst (p50/p99);
+  - reconcile latency of single SLO edits on a settled fleet (edit -> observedGeneration follows), with the
+    control loop running for every service (default 15 s interval, `--control-interval`);
+  - CPU (% of one core) of the operator, the emulator and Prometheus during the burst and while the settled
+    fleet is idle, and their resident memory (peak and at the end): who the bottleneck is;
+  - Prometheus queries the operator made per control interval while idle (its
+    `specfleet_prometheus_queries_total`, read on its metrics port before and after the idle window);
+  - where the services' loops got their metrics: each service's `specfleet_metrics_source` gauge, and the
+    `MetricsSource` condition of a sample of services (expected True/Prometheus, or True/DirectScrape).
+
+`--pods N` gives the first N services one Ready engine Pod each (the operator's pod labels, podIP 127.0.0.1, the
+container port of one stub HTTP server answering a static `/metrics` for every pod; the emulator runs no
+kubelet, so without it no service has a pod and the loops idle).
+
+`--metrics-source prometheus` (the default when `prometheus` is on PATH) starts Prometheus through
+`cluster/prometheus.py`'s LocalPrometheus, with one file_sd target per pod labelled by `targets()` from the
+very Pod objects created here (namespace, pod, inferenceservice, ... as the PodMonitor labels them; all
+targets share the stub's address and differ by labels), scraped every 15 s as the PodMonitor says, or every
+control interval when that is shorter; the operator gets `--prometheus-url`. `direct`: the operator scrapes
+each pod itself.
+
 `--repeats N` runs the whole measurement N times (fresh processes each) and reports the median and the
-spread (min..max) of every figure. Prints a table and writes benchmarks/results/operator_scale.json.
+spread (min..max) of every figure. Prints a table and writes JSON (with command, commit, machine and date).
 
-    .venv/bin/python benchmarks/operator_scale.py --count 1000
-    .venv/bin/python benchmarks/operator_scale.py --count 200 --edits 50 --repeats 3
+    .venv/bin/python benchmarks/operator_scale.py --count 300 --pods 60 --edits 10 --repeats 1
+    .venv/bin/python benchmarks/operator_scale.py --count 1000 --edits 50 --repeats 3 --pods 200
+    .venv/bin/python benchmarks/operator_scale.py --count 1000 --pods 200 --metrics-source direct
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
+import re
 import signal
 import socket
 import subprocess
@@ -29,7 +45,10 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -37,12 +56,20 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 NS = "bench"
 GROUP, VERSION, PLURAL = "specfleet.io", "v1alpha1", "inferenceservices"
+POD_MONITOR_INTERVAL_S = 15.0          # manifests/grafana/podmonitor.yaml
+DEFAULT_CONTROL_INTERVAL_S = 15.0      # the operator's default (operator/control/loop.py)
+SOURCE_CHECK_SAMPLE = 10               # services whose MetricsSource condition is read
+EXPECTED_REASON = {"prometheus": "Prometheus", "direct": "DirectScrape"}
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def names(count: int) -> list[str]:
+    return [f"svc-{i:04d}" for i in range(count)]
 
 
 def service(name: str, itl: float = 200) -> dict:
@@ -76,6 +103,7 @@ class _Metrics(BaseHTTPRequestHandler):
 def stub_engine() -> ThreadingHTTPServer:
     """One HTTP server answering `/metrics` for every benchmark pod (a static exposition)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -94,18 +122,16 @@ def engine_pod(name: str, port: int) -> tuple[dict, dict]:
     return pod, status
 
 
-def add_pods(fleet: "Processes", names: list[str], port: int) -> float:
-    """One Ready pod per service in `names`; returns the seconds it took."""
-    start = time.monotonic()
-
-    def add(name: str) -> None:
+def add_pods(fleet: "Processes", services: list[str], port: int) -> list[dict]:
+    """One Ready pod per service in `services`; returns the Pods (with their status) as created."""
+    def add(name: str) -> dict:
         pod, status = engine_pod(name, port)
         fleet.core.create_namespaced_pod(NS, pod, _preload_content=False)
         fleet.core.patch_namespaced_pod_status(pod["metadata"]["name"], NS, {"status": status},
                                                _preload_content=False)
+        return pod | {"status": status}
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(add, names))
-    return round(time.monotonic() - start, 2)
+        return list(pool.map(add, services))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -113,21 +139,30 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
 
 
-class MemorySampler(threading.Thread):
-    """Samples a process's RSS every 0.5 s; `peak` and `last` in MiB."""
+class ProcessSampler(threading.Thread):
+    """A process's RSS every 0.5 s (`peak`, `last`, MiB) and its CPU over phases (`mark`, `cpu_percent`)."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         import psutil
 
         self.proc, self.peak, self.last, self.stop = psutil.Process(pid), 0.0, 0.0, threading.Event()
+        self.marked = (time.monotonic(), self.cpu_seconds())
 
-    def cpu_percent(self, seconds: float) -> float:
-        """The process's CPU use over the next `seconds` (100 = one core busy)."""
-        start = self.proc.cpu_times()
-        time.sleep(seconds)
-        end = self.proc.cpu_times()
-        return round(100 * (end.user + end.system - start.user - start.system) / seconds, 1)
+    def cpu_seconds(self) -> float:
+        try:
+            times = self.proc.cpu_times()
+        except Exception:  # noqa: BLE001  (the process ended)
+            return float("nan")
+        return times.user + times.system
+
+    def mark(self) -> None:
+        self.marked = (time.monotonic(), self.cpu_seconds())
+
+    def cpu_percent(self) -> float:
+        """CPU use since the last `mark` (100 = one core busy)."""
+        start, cpu = self.marked
+        return round(100 * (self.cpu_seconds() - cpu) / max(time.monotonic() - start, 1e-6), 1)
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
@@ -138,13 +173,71 @@ class MemorySampler(threading.Thread):
             self.peak = max(self.peak, self.last)
 
 
-class Processes:
-    """The emulator and operator processes, and a kubernetes client."""
+class Profiler:
+    """`py-spy record` (sampling, out of process) of the emulator and the operator over a phase; each
+    writes a collapsed-stack file, and `hot_spots` lists where the samples fell."""
 
-    def __init__(self, workdir: Path):
-        self.kubeconfig = workdir / "kubeconfig"
-        self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        self.logs = workdir
+    def __init__(self, folder: Path, pids: dict[str, int], label: str):
+        import shutil
+
+        binary = shutil.which("py-spy") or str(BIN / "py-spy")
+        folder.mkdir(parents=True, exist_ok=True)
+        self.files = {name: folder / f"{label}-{name}.txt" for name in pids}
+        self.procs = [subprocess.Popen([binary, "record", "--pid", str(pid), "--rate", "50", "--nonblocking",
+                                        "--format", "raw", "--output", str(self.files[name])],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      for name, pid in pids.items()]
+
+    def stop(self) -> dict[str, list[str]]:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in self.procs:
+            proc.wait(timeout=60)
+        return {name: hot_spots(path) for name, path in self.files.items() if path.exists()}
+
+
+def hot_spots(path: Path, top: int = 12) -> list[str]:
+    """The functions with the most samples in a collapsed-stack file: inclusive share, then own share."""
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, n = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")], int(count)
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    ranked = sorted(inclusive, key=lambda f: (-own.get(f, 0), -inclusive[f]))[:top]
+    return [f"{100 * inclusive[f] / total:5.1f}% incl {100 * own.get(f, 0) / total:5.1f}% own  {f}" for f in ranked]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one run starts: the metrics source and the intervals."""
+
+    source: str                 # "prometheus" | "direct"
+    control_interval_s: float
+    scrape_interval_s: float    # Prometheus's, for every target
+
+
+class Processes:
+    """The emulator, the operator and (for the Prometheus source) Prometheus, and a kubernetes client."""
+
+    def __init__(self, workdir: Path, setup: Setup):
+        self.kubeconfig, self.apiserver = workdir / "kubeconfig", None
+        self.metrics_port = free_port()
+        self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "SPECFLEET_METRICS_PORT": str(self.metrics_port),
+                    "SPECFLEET_CONTROL_INTERVAL": f"{setup.control_interval_s:g}"}
+        self.env.pop("SPECFLEET_PROMETHEUS_URL", None)
+        self.logs, self.prometheus, self.operator = workdir, None, None
+        try:
+            self._start(setup)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, setup: Setup) -> None:
         port = free_port()
         self.apiserver = self._spawn("apiserver", [str(BIN / "specfleet"), "cluster", "apiserver", "--port", str(port),
                                                    "--kubeconfig", str(self.kubeconfig)])
@@ -160,11 +253,20 @@ class Processes:
         api_client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
         self.custom, self.apps = client.CustomObjectsApi(api_client), client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
-        self.operator = self._spawn("operator", [str(BIN / "specfleet"), "operator", "run", "--namespace", NS])
+        command = [str(BIN / "specfleet"), "operator", "run", "--namespace", NS]
+        if setup.source == "prometheus":
+            from specfleet.cluster.prometheus import LocalPrometheus
+
+            self.prometheus = LocalPrometheus(self.logs / "prometheus", free_port(),
+                                              interval=f"{setup.scrape_interval_s:g}s")
+            self.prometheus.start()
+            command += ["--prometheus-url", self.prometheus.url]
+        self.operator = self._spawn("operator", command)
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
-        log = (self.logs / f"{name}.log").open("wb")
-        return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with (self.logs / f"{name}.log").open("wb") as log:
+            return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
     def kubectl(self, *args: str, stdin: str | None = None) -> None:
         subprocess.run([str(BIN / "kubectl"), *args], input=stdin, text=True, env=self.env, check=True,
@@ -172,26 +274,101 @@ class Processes:
 
     def close(self) -> None:
         for proc in (self.operator, self.apiserver):
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
                 try:
                     proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+                    proc.wait()
+        if self.prometheus is not None:
+            self.prometheus.stop()
 
-    def statuses(self) -> dict[str, dict]:
-        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, _preload_content=False).json()
-        return {i["metadata"]["name"]: i for i in items["items"]}
+    def operator_metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30) as reply:
+            return reply.read().decode()
 
-    def deployments(self) -> set[str]:
-        items = self.apps.list_namespaced_deployment(NS, _preload_content=False).json()["items"]
-        return {i["metadata"]["name"] for i in items}
+    def promql(self, expr: str) -> list[dict]:
+        data = urllib.parse.urlencode({"query": expr}).encode()
+        with urllib.request.urlopen(f"{self.prometheus.url}/api/v1/query", data=data, timeout=30) as reply:
+            return json.loads(reply.read())["data"]["result"]
+
+    def active_targets(self) -> int:
+        with urllib.request.urlopen(f"{self.prometheus.url}/api/v1/targets?state=active", timeout=30) as reply:
+            return len(json.loads(reply.read())["data"]["activeTargets"])
 
 
-def burst(fleet: Processes, count: int, timeout: float) -> dict:
-    """Create `count` services at once; poll until every one has a plan and a Deployment."""
-    names = [f"svc-{i:04d}" for i in range(count)]
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of `name` in a text exposition: (labels, value) each."""
+    out = []
+    for match in re.finditer(rf"^{re.escape(name)}(?:\{{(.*?)\}})? (\S+)$", text, re.MULTILINE):
+        out.append((dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(1) or "")), float(match.group(2))))
+    return out
+
+
+def queries_made(fleet: Processes) -> float:
+    return sum(value for _, value in samples(fleet.operator_metrics(), "specfleet_prometheus_queries_total"))
+
+
+class FirstSeen(threading.Thread):
+    """Watches one kind in the benchmark namespace from `rv` and records, per name, when an object first met
+    `test`. A watch costs the emulator one encode per event, where polling lists of a large fleet would cost
+    it the whole fleet every poll and skew what is measured."""
+
+    def __init__(self, list_call, rv: str, test):
+        super().__init__(daemon=True)
+        self.list_call, self.rv, self.test = list_call, rv, test
+        self.first: dict[str, float] = {}
+        self.stop, self.response = threading.Event(), None
+
+    def run(self) -> None:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        while not self.stop.is_set():
+            try:
+                self.response = self.list_call(watch=True, resource_version=self.rv, timeout_seconds=60,
+                                               _preload_content=False)
+                for line in iter_resp_lines(self.response):
+                    if line:
+                        self._event(json.loads(line))
+            except Exception:  # noqa: BLE001  (the emulator stopping, or a dropped stream: resume from rv)
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.response is not None:
+            self.response.shutdown()        # wakes the read in `run`
+
+    def _event(self, event: dict) -> None:
+        obj = event["object"]
+        self.rv = obj["metadata"].get("resourceVersion", self.rv)
+        name = obj["metadata"].get("name")
+        if event["type"] in ("ADDED", "MODIFIED") and name not in self.first and self.test(obj):
+            self.first[name] = time.monotonic()
+
+
+def watchers(fleet: Processes) -> tuple[FirstSeen, FirstSeen]:
+    """Started watches: when each service first had `status.plan`, when its Deployment first existed."""
+    def custom(**kw):
+        return fleet.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, **kw)
+
+    def deployments(**kw):
+        return fleet.apps.list_namespaced_deployment(NS, **kw)
+
+    out = []
+    for call, test in ((custom, lambda o: bool((o.get("status") or {}).get("plan"))), (deployments, lambda o: True)):
+        rv = call(_preload_content=False).json()["metadata"]["resourceVersion"]
+        out.append(FirstSeen(call, rv, test))
+        out[-1].start()
+    return out[0], out[1]
+
+
+def burst(fleet: Processes, count: int, timeout: float, progress) -> dict:
+    """Create `count` services at once; a service is reconciled once it has a plan and a Deployment (both
+    seen through watches opened before the burst)."""
     created: dict[str, float] = {}
+    task = progress.add_task("  reconciled", total=count)
+    planned, deployed = watchers(fleet)
 
     def create(name: str) -> None:
         fleet.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, service(name))
@@ -199,25 +376,27 @@ def burst(fleet: Processes, count: int, timeout: float) -> dict:
 
     start = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(create, names))
+        list(pool.map(create, names(count)))
     create_s = time.monotonic() - start
     done: dict[str, float] = {}
     while len(done) < count and time.monotonic() - start < timeout:
-        now, items, deployments = time.monotonic(), fleet.statuses(), fleet.deployments()
-        for name, obj in items.items():
-            if name not in done and (obj.get("status") or {}).get("plan") and name in deployments:
-                done[name] = now
+        done = {n: max(t, deployed.first[n]) for n, t in list(planned.first.items()) if n in deployed.first}
+        progress.update(task, completed=len(done))
         time.sleep(0.5)
-    latencies = [done[n] - created[n] for n in done]
-    return {"count": count, "reconciled": len(done), "create_seconds": round(create_s, 2),
+    planned.close()
+    deployed.close()
+    progress.remove_task(task)
+    latencies = [done[n] - created[n] for n in done if n in created]
+    return {"reconciled": len(done), "create_seconds": round(create_s, 2),
             "all_reconciled_seconds": round(max(done.values()) - start, 2) if done else None,
             "burst_latency_p50_s": round(percentile(latencies, 50), 2),
             "burst_latency_p99_s": round(percentile(latencies, 99), 2)}
 
 
-def edits(fleet: Processes, count: int, edits: int) -> dict:
+def edits(fleet: Processes, count: int, edits: int, progress) -> dict:
     """Edit one service's SLO at a time on the settled fleet; time until observedGeneration follows."""
     latencies = []
+    task = progress.add_task("  SLO edits", total=edits)
     for i in range(edits):
         name = f"svc-{(i * 37) % count:04d}"
         start = time.monotonic()
@@ -230,47 +409,134 @@ def edits(fleet: Processes, count: int, edits: int) -> dict:
                 latencies.append(time.monotonic() - start)
                 break
             time.sleep(0.01)
-    return {"edits": edits, "edit_latency_p50_s": round(percentile(latencies, 50), 3),
+        progress.advance(task)
+    progress.remove_task(task)
+    return {"edit_latency_p50_s": round(percentile(latencies, 50), 3),
             "edit_latency_p99_s": round(percentile(latencies, 99), 3), "edits_observed": len(latencies),
             "edit_latencies_s": [round(x, 3) for x in latencies]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=1000)
-    parser.add_argument("--edits", type=int, default=50)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--pods", type=int, default=0, help="Services (the first N) that get a Ready engine pod.")
-    parser.add_argument("--idle-seconds", type=float, default=30.0, help="How long to sample the idle CPU.")
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/operator_scale.json")
-    args = parser.parse_args()
-    runs = [once(args) for _ in range(args.repeats)]
-    result = summary(runs) | {"count": args.count, "edits": args.edits, "repeats": args.repeats, "pods": args.pods,
-                              "cpus": os.cpu_count(), "runs": runs}
-    report(result, args.out)
+def wait_for_prometheus(fleet: Processes, pods: int, setup: Setup, progress) -> dict:
+    """Until Prometheus holds a sample of every pod (its engine series, as the operator queries them)."""
+    task = progress.add_task("  Prometheus scraped", total=pods)
+    start, seen = time.monotonic(), 0
+    deadline = start + 3 * setup.scrape_interval_s + 60
+    while time.monotonic() < deadline:
+        result = fleet.promql('count(vllm:num_requests_running{inferenceservice!=""})')
+        seen = int(float(result[0]["value"][1])) if result else 0
+        progress.update(task, completed=seen)
+        if seen >= pods:
+            break
+        time.sleep(1)
+    progress.remove_task(task)
+    return {"prometheus_pods_seen": seen, "prometheus_all_scraped_seconds": round(time.monotonic() - start, 1),
+            "prometheus_active_targets": fleet.active_targets()}
 
 
-def once(args) -> dict:
+def idle(fleet: Processes, samplers: dict[str, ProcessSampler], setup: Setup, seconds: float, progress) -> dict:
+    """CPU of every process over an idle window, and the Prometheus queries the operator made in it."""
+    before = queries_made(fleet)
+    for sampler in samplers.values():
+        sampler.mark()
+    task = progress.add_task("  idle window", total=seconds)
+    start = time.monotonic()
+    while (elapsed := time.monotonic() - start) < seconds:
+        progress.update(task, completed=elapsed)
+        time.sleep(min(1.0, seconds - elapsed))
+    progress.remove_task(task)
+    out = {f"{name}_idle_cpu_percent": sampler.cpu_percent() for name, sampler in samplers.items()}
+    if setup.source == "prometheus":
+        made = queries_made(fleet) - before
+        out["prometheus_queries_per_interval"] = round(made * setup.control_interval_s / seconds, 2)
+    return out
+
+
+def source_check(fleet: Processes, with_pods: list[str], setup: Setup) -> dict:
+    """Services whose loops read `setup.source` (the operator's gauge, all services with a pod), and the
+    `MetricsSource` condition of a sample of them (True with the source's reason)."""
+    on = {labels.get("name") for labels, value in samples(fleet.operator_metrics(), "specfleet_metrics_source")
+          if labels.get("namespace") == NS and labels.get("source") == setup.source and value == 1}
+    on_source = sum(name in on for name in with_pods)
+    step = max(1, len(with_pods) // SOURCE_CHECK_SAMPLE)
+    sample, reasons = with_pods[::step][:SOURCE_CHECK_SAMPLE], {}
+    for name in sample:
+        got = fleet.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+        condition = next((c for c in (got.get("status") or {}).get("conditions") or []
+                          if c.get("type") == "MetricsSource"), {})
+        reasons[name] = f"{condition.get('status')}/{condition.get('reason')}"
+    expected = f"True/{EXPECTED_REASON[setup.source]}"
+    return {"services_on_source": on_source,
+            "metrics_source_condition_ok": sum(r == expected for r in reasons.values()),
+            "metrics_source_condition_sampled": len(reasons),
+            "metrics_source_conditions": reasons}
+
+
+def once(args, setup: Setup, progress, label: str) -> dict:
+    """One whole run with fresh processes: burst, engine pods, SLO edits, idle window, source check."""
     with tempfile.TemporaryDirectory() as tmp:
-        fleet = Processes(Path(tmp))
-        sampler = MemorySampler(fleet.operator.pid)
-        sampler.start()
+        phase = progress.add_task(f"{label}: starting", total=None)
+        fleet, engine = Processes(Path(tmp), setup), stub_engine()
+        samplers = {"operator": ProcessSampler(fleet.operator.pid), "emulator": ProcessSampler(fleet.apiserver.pid),
+                    "harness": ProcessSampler(os.getpid())}
+        if fleet.prometheus is not None:
+            samplers["prometheus"] = ProcessSampler(fleet.prometheus.proc.pid)
+        for sampler in samplers.values():
+            sampler.start()
         try:
-            time.sleep(3)
-            result = burst(fleet, args.count, args.timeout)
-            if args.pods:
-                engine = stub_engine()
-                result["pods_seconds"] = add_pods(fleet, [f"svc-{i:04d}" for i in range(min(args.pods, args.count))],
-                                                  engine.server_address[1])
-                time.sleep(20)      # every loop has found its pod and scraped it at least once
-            time.sleep(2)
-            result |= edits(fleet, args.count, args.edits)
-            result["operator_idle_cpu_percent"] = sampler.cpu_percent(args.idle_seconds)
+            result = measure(fleet, engine, samplers, args, setup, progress, lambda text: progress.update(
+                phase, description=f"{label}: {text}"), label.replace(" ", "").replace("/", "of"))
         finally:
-            sampler.stop.set()
+            for sampler in samplers.values():
+                sampler.stop.set()
             fleet.close()
-    return result | {"operator_rss_peak_mib": round(sampler.peak, 1), "operator_rss_end_mib": round(sampler.last, 1)}
+            engine.shutdown()
+            engine.server_close()
+            progress.remove_task(phase)
+    for name, sampler in samplers.items():
+        if name != "harness":
+            result |= {f"{name}_rss_peak_mib": round(sampler.peak, 1), f"{name}_rss_end_mib": round(sampler.last, 1)}
+    return result
+
+
+def measure(fleet: Processes, engine: ThreadingHTTPServer, samplers: dict[str, ProcessSampler], args, setup: Setup,
+            progress, say, label: str) -> dict:
+    time.sleep(3)
+    say(f"burst of {args.count}")
+    for sampler in samplers.values():
+        sampler.mark()
+    profiler = Profiler(args.profile, {"emulator": fleet.apiserver.pid, "operator": fleet.operator.pid},
+                        label) if args.profile else None
+    result = burst(fleet, args.count, args.timeout, progress)
+    if profiler is not None:
+        result["burst_profile"] = profiler.stop()
+    result |= {f"{name}_burst_cpu_percent": s.cpu_percent() for name, s in samplers.items()}
+    with_pods = names(min(args.pods, args.count))
+    if with_pods:
+        say(f"{len(with_pods)} engine pods")
+        result |= engine_pods(fleet, engine, with_pods, setup, progress)
+    time.sleep(2)
+    say("SLO edits")
+    result |= edits(fleet, args.count, args.edits, progress)
+    say("idle fleet")
+    result |= idle(fleet, samplers, setup, args.idle_seconds, progress)
+    if with_pods:
+        result |= source_check(fleet, with_pods, setup)
+    return result
+
+
+def engine_pods(fleet: Processes, engine: ThreadingHTTPServer, services: list[str], setup: Setup, progress) -> dict:
+    """Give `services` a Ready pod each; with Prometheus, make them its targets and wait until it has them all;
+    then wait until every loop has read its pod (from Prometheus, once it has the pod) at least once."""
+    started = time.monotonic()
+    pods = add_pods(fleet, services, engine.server_address[1])
+    result = {"pods_seconds": round(time.monotonic() - started, 2)}
+    if fleet.prometheus is not None:
+        from specfleet.cluster.prometheus import pod_monitors, targets, write_targets
+
+        write_targets(fleet.prometheus.targets_file, targets(pods, pod_monitors()))
+        result |= wait_for_prometheus(fleet, len(pods), setup, progress)
+    time.sleep(max(20.0, setup.control_interval_s + 5))
+    return result
 
 
 def summary(runs: list[dict]) -> dict:
@@ -278,7 +544,7 @@ def summary(runs: list[dict]) -> dict:
     out = {}
     for key in runs[0]:
         values = sorted(r[key] for r in runs if isinstance(r.get(key), (int, float)))
-        if not values or key == "count":
+        if not values:
             continue
         median = values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] +
                                                                    values[len(values) // 2]) / 2
@@ -286,22 +552,90 @@ def summary(runs: list[dict]) -> dict:
     return out
 
 
+def machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return out.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def report(result: dict, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"operator at scale: {result['count']} InferenceServices ({result['pods']} with a pod), "
-                        f"{result['repeats']} run(s) "
-                        f"(API emulator, one operator process, {result['cpus']} CPUs)")
+    setup = result["setup"]
+    source = (f"metrics from Prometheus (scraped every {setup['scrape_interval_s']:g} s)"
+              if setup["source"] == "prometheus" else "metrics scraped by the operator")
+    table = Table(title=f"operator at scale: {result['count']} InferenceServices, {result['pods']} with a pod, "
+                        f"{result['repeats']} run(s)",
+                  caption=f"{source}; control interval {setup['control_interval_s']:g} s; API emulator, one "
+                          f"operator process, {result['machine']['cpus']} CPUs; CPU in % of one core")
     table.add_column("metric")
     table.add_column("median", justify="right")
     table.add_column("min .. max", justify="right")
-    for key, value in result.items():
-        if isinstance(value, dict):
-            table.add_row(key, str(value["median"]), f"{value['min']} .. {value['max']}")
-    Console().print(table)
+    runs = result["runs"] if len(result["runs"]) > 1 else []
+    for i in range(len(runs)):
+        table.add_column(f"run {i + 1}", justify="right")
+    for key, value in result["summary"].items():
+        table.add_row(key, str(value["median"]), f"{value['min']} .. {value['max']}",
+                      *(str(run.get(key, "")) for run in runs))
+    Console(width=max(120, Console().width)).print(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+
+
+def parse_args() -> argparse.Namespace:
+    from specfleet.cluster.prometheus import LocalPrometheus
+
+    default_source = "prometheus" if LocalPrometheus.binary() else "direct"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=1000, help="InferenceServices created in the burst.")
+    parser.add_argument("--edits", type=int, default=50, help="Single SLO edits timed on the settled fleet.")
+    parser.add_argument("--repeats", type=int, default=1, help="Whole runs (fresh processes each).")
+    parser.add_argument("--pods", type=int, default=0, help="Services (the first N) that get a Ready engine pod.")
+    parser.add_argument("--metrics-source", choices=("prometheus", "direct"), default=default_source,
+                        help="Where the operator reads engine metrics (default: prometheus when the binary is on "
+                             f"PATH, else direct; here: {default_source}).")
+    parser.add_argument("--control-interval", type=float, default=DEFAULT_CONTROL_INTERVAL_S,
+                        help="The operator's control interval, s (SPECFLEET_CONTROL_INTERVAL; default 15). "
+                             "Prometheus scrapes every min(15 s, this).")
+    parser.add_argument("--idle-seconds", type=float, default=30.0, help="How long to sample the idle CPU.")
+    parser.add_argument("--timeout", type=float, default=900, help="Give up on the burst after this many s.")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="py-spy (pip install py-spy) the emulator and the operator during the burst: "
+                             "collapsed stacks in DIR, hot spots in the JSON. Costs CPU: not for figures.")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/operator_scale.json",
+                        help="Where the JSON goes (default benchmarks/results/operator_scale.json).")
+    args = parser.parse_args()
+    if args.metrics_source == "prometheus" and not LocalPrometheus.binary():
+        parser.error("--metrics-source prometheus: prometheus is not on PATH (Debian: apt-get install prometheus)")
+    return args
+
+
+def main() -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    args = parse_args()
+    setup = Setup(args.metrics_source, args.control_interval, min(POD_MONITOR_INTERVAL_S, args.control_interval))
+    started = time.monotonic()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn()) as progress:
+        runs = [once(args, setup, progress, f"run {i + 1}/{args.repeats}") for i in range(args.repeats)]
+    result = {"command": " ".join([".venv/bin/python", "benchmarks/operator_scale.py", *sys.argv[1:]]),
+              "commit": commit(), "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "count": args.count, "edits": args.edits, "repeats": args.repeats, "pods": args.pods,
+              "setup": {"source": setup.source, "control_interval_s": setup.control_interval_s,
+                        "scrape_interval_s": setup.scrape_interval_s if setup.source == "prometheus" else None,
+                        "idle_seconds": args.idle_seconds},
+              "wall_s": round(time.monotonic() - started, 1), "summary": summary(runs), "runs": runs}
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -210,8 +210,8 @@ def test_the_loop_read_prometheus_and_every_dashboard_panel_shows_data(fleet):
     empty = {}
     for where, expr in panel_queries() + variable_queries():
         query = substituted(expr, values)
-        try:                                    # recording rules need an evaluation or two after the load
-            wait_for(lambda: prometheus.query(query)["data"]["result"], timeout=20, every=1.0)
+        try:                    # the burn rates are rules over rules, each group evaluated every 30 s
+            wait_for(lambda: prometheus.query(query)["data"]["result"], timeout=75, every=1.0)
         except AssertionError:
             empty[where] = query
     assert empty == {}, f"panels without data: {empty}"

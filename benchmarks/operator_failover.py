@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))          # tests/failover.py and tests/testkit.py: the shared scenario
 import failover  # noqa: E402
+from provenance import commit, machine  # noqa: E402
 
 SIGNALS = {"kill -9": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 
@@ -60,18 +58,6 @@ def summary(outcomes: list[failover.Outcome]) -> dict:
             "deployment_writes": sum(o.deployment_writes for o in outcomes),
             "duplicate_actions": sum(o.duplicates for o in outcomes),
             "lease_transitions": sum(o.transitions for o in outcomes)}
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def print_table(result: dict) -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import signal
 import socket
@@ -51,6 +50,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from provenance import commit, machine   # benchmarks/: the script's own folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -550,18 +551,6 @@ def summary(runs: list[dict]) -> dict:
                                                                    values[len(values) // 2]) / 2
         out[key] = {"median": round(median, 3), "min": values[0], "max": values[-1]}
     return out
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def report(result: dict, out: Path) -> None:

@@ -136,15 +136,22 @@ class LocalPrometheus:
         return shutil.which("prometheus")
 
     def start(self, timeout: float = 30.0, preexec_fn=None) -> None:
-        binary = self.binary()
-        if binary is None:
-            raise FileNotFoundError("prometheus is not on PATH (Debian: apt-get install prometheus)")
+        """The fleet's configuration: the shipped rules, and targets from `targets_file`."""
         self.folder.mkdir(parents=True, exist_ok=True)
         rules = self.folder / "rules.yml"
         rules.write_text(yaml.safe_dump(rule_groups(), sort_keys=False))
         if not self.targets_file.exists():
             write_targets(self.targets_file, [])
-        (self.folder / "prometheus.yml").write_text(yaml.safe_dump(config(self.targets_file, rules, self.interval)))
+        self.run(config(self.targets_file, rules, self.interval), timeout, preexec_fn)
+
+    def run(self, scrape_config: dict, timeout: float = 30.0, preexec_fn=None) -> None:
+        """Start with `scrape_config` as prometheus.yml (again after `stop`: same port, same data); return
+        once it answers /-/ready."""
+        binary = self.binary()
+        if binary is None:
+            raise FileNotFoundError("prometheus is not on PATH (Debian: apt-get install prometheus)")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "prometheus.yml").write_text(yaml.safe_dump(scrape_config))
         with open(self.folder / "prometheus.log", "ab") as log:
             self.proc = subprocess.Popen([binary, f"--config.file={self.folder / 'prometheus.yml'}",
                                           f"--storage.tsdb.path={self.folder / 'data'}",
@@ -166,10 +173,11 @@ class LocalPrometheus:
                     raise RuntimeError(f"prometheus did not start: {tail}")
                 time.sleep(0.2)
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 10.0, sig: int = signal.SIGTERM) -> None:
+        """End it (SIGKILL: without a clean shutdown, as a crash), SIGKILL after `grace` seconds."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        os.killpg(self.proc.pid, sig)
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:

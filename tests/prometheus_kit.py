@@ -8,9 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,8 +16,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import yaml
 
+from specfleet.cluster.prometheus import LocalPrometheus
+from testkit import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "manifests/grafana/dashboard.json"
@@ -51,19 +49,19 @@ def substituted(expr: str, values: dict[str, str] | None = None) -> str:
     return VARIABLE.sub(lambda m: (values or {}).get(m.group(1), ".*"), expr)
 
 
-def prometheus_binary() -> str:
-    path = shutil.which("prometheus")
+def required_binary(name: str) -> str:
+    """The path of `prometheus` or `promtool`: skipped without it here, a failure in CI (.ci/run installs
+    Debian's prometheus package, which has both)."""
+    path = shutil.which(name)
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail("prometheus is not on PATH: .ci/run installs the Debian prometheus package")
-        pytest.skip("prometheus is not on PATH (apt-get install prometheus)")
+            pytest.fail(f"{name} is not on PATH: .ci/run installs the Debian prometheus package")
+        pytest.skip(f"{name} is not on PATH (apt-get install prometheus)")
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def prometheus_binary() -> str:
+    return required_binary("prometheus")
 
 
 class Prometheus:
@@ -81,43 +79,21 @@ class Prometheus:
 
 
 class PrometheusProcess:
-    """One Prometheus on a fixed port and data folder, which a test may stop (SIGKILL: no clean shutdown)
-    and start again."""
+    """The fleet's Prometheus runner (cluster/prometheus.py) with a test's own scrape config, on a fixed port
+    and data folder, which a test may stop (SIGKILL: no clean shutdown) and start again."""
 
     def __init__(self, folder: Path, config: dict | None = None, port: int | None = None):
-        self.folder, self.port = folder, port or free_port()
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "prometheus.yml").write_text(yaml.safe_dump(config or {"global": {"scrape_interval": "1s"}}))
-        self.server = Prometheus(f"http://127.0.0.1:{self.port}")
-        self.proc: subprocess.Popen | None = None
+        self.config = config or {"global": {"scrape_interval": "1s"}}
+        self.local = LocalPrometheus(folder, port or free_port())
+        self.server = Prometheus(self.local.url)
 
     def start(self) -> Prometheus:
-        log = open(self.folder / "prometheus.log", "ab")
-        self.proc = subprocess.Popen([prometheus_binary(), f"--config.file={self.folder / 'prometheus.yml'}",
-                                      f"--storage.tsdb.path={self.folder / 'data'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}"],
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.server.url}/-/ready", timeout=1).close()
-                return self.server
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"prometheus did not start: {(self.folder / 'prometheus.log').read_text()[-2000:]}")
-                time.sleep(0.2)
+        prometheus_binary()                  # skips here (fails in CI) without it
+        self.local.run(self.config)
+        return self.server
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self.local.stop(sig=sig)
 
 
 @contextmanager

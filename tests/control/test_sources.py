@@ -10,9 +10,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from prometheus_kit import free_port, running_prometheus
+from prometheus_kit import running_prometheus
 from specfleet.operator.control.sources import DirectSource, PrometheusSource, SAMPLE_TIME_LABEL
 from specfleet.operator.control.window import build_window
+from testkit import free_port
 
 NS, SERVICE = "prod", "chat"
 

@@ -4,7 +4,6 @@ never fires, a recovering one resolves, a slow burn tickets without paging, the 
 the budget. CI installs Prometheus (`.ci/run`); elsewhere the promtool tests skip without it."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from prometheus_kit import required_binary
+
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "manifests/prometheus/rules.yaml"
 UNIT_TESTS = Path(__file__).with_name("slo_alerts_test.yaml")
@@ -20,12 +21,7 @@ RUNBOOKS = ROOT / "docs/runbooks.md"
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not on PATH: .ci/run installs the Debian prometheus package")
-        pytest.skip("promtool is not on PATH (apt-get install prometheus)")
-    return path
+    return required_binary("promtool")
 
 
 def rule_groups() -> dict:

@@ -11,9 +11,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from prometheus_kit import free_port, prometheus_binary
+from prometheus_kit import prometheus_binary
 from specfleet.cluster import prometheus
 from specfleet.operator import render
+from testkit import free_port
 
 ENGINE_LABELS = render.labels("chat")
 

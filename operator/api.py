@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from specfleet.operator.cost.shapes import Architecture  # spec.model.architecture
+
 GROUP = "specfleet.io"
 VERSION = "v1alpha1"
 PLURAL = "inferenceservices"
@@ -23,6 +25,11 @@ DTYPES = ("bfloat16", "float16", "float32", "fp8")
 SOURCE_RE = re.compile(
     r"^(hf://[\w.\-]+/[\w.\-]+(@[\w.\-/]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?"
     r"|hostpath:/.+|image:/.+|builtin:[a-z0-9][a-z0-9.\-]*)$")
+ADAPTER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+# a folder relative to the model volume, pvc://claim/path, or a URL (validated here, fetched by nothing yet)
+ADAPTER_SOURCE_RE = re.compile(r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+|(oci|https?|hf)://.+|[\w.\-]+(/[\w.\-]+)*)$")
+MAX_ADAPTERS = 256
+MAX_LORA_RANK = 512
 ARCH_FIELDS = {"numLayers": "num_layers", "hiddenSize": "hidden_size",
                "numAttentionHeads": "num_attention_heads", "numKvHeads": "num_kv_heads",
                "headDim": "head_dim", "intermediateSize": "intermediate_size",
@@ -35,18 +42,6 @@ class SpecError(ValueError):
     def __init__(self, errors: list[str]):
         super().__init__("; ".join(errors))
         self.errors = errors
-
-
-@dataclass(frozen=True)
-class Architecture:
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    parameters: int
 
 
 @dataclass(frozen=True)
@@ -111,6 +106,24 @@ class Autoscaling:
     idle_seconds: int | None = None     # scale to 0 after this long without requests (minReplicas 0 only)
 
 
+@dataclass(frozen=True)
+class Adapter:
+    """One `spec.adapters[]` entry: a PEFT LoRA folder served under `name` (the request's `model`)."""
+
+    name: str
+    source: str
+    rank: int | None = None         # declared rank (checked against lora.maxLoraRank); None: the folder's
+
+
+@dataclass(frozen=True)
+class LoRA:
+    """`spec.lora`: the engine's static LoRA limits (in the pod template; the adapter list is not)."""
+
+    max_loras: int = 4              # adapter slots in one batch
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None   # None: the engine's default (max_loras)
+
+
 MODES = ("Serving", "PlanOnly")
 
 
@@ -124,10 +137,17 @@ class InferenceServiceSpec:
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
     replicas: int | None = None
     mode: str = "Serving"      # PlanOnly: plan and report the actions, create nothing
+    adapters: tuple[Adapter, ...] = ()
+    lora: LoRA | None = None   # None: spec.lora absent (LoRA is still on while adapters are declared)
 
     @property
     def plan_only(self) -> bool:
         return self.mode == "PlanOnly"
+
+    @property
+    def lora_limits(self) -> LoRA | None:
+        """The LoRA limits the engine runs with; None: LoRA off (no spec.lora, no adapters)."""
+        return self.lora or (LoRA() if self.adapters else None)
 
 
 @dataclass(frozen=True)
@@ -208,7 +228,37 @@ def cross_field_errors(spec: InferenceServiceSpec) -> list[str]:
         errors.append("model.source: the only builtin model is builtin:smollm2-135m")
     if spec.model.dtype == "fp8" and spec.runtime.engine != "vllm":
         errors.append(FP8_RULE)
+    return errors + adapter_errors(spec)
+
+
+ADAPTERS_VLLM_RULE = ("adapters and lora need runtime.engine specfleet (the operator loads adapters through its "
+                      "admin API)")
+
+
+def adapter_errors(spec: InferenceServiceSpec) -> list[str]:
+    """The adapters' CEL rules, in Python: unique names, none the base model's, ranks within maxLoraRank,
+    maxCpuLoras not below maxLoras, the specfleet runtime."""
+    errors, limits = [], spec.lora_limits
+    if limits is None:
+        return errors
+    names = [a.name for a in spec.adapters]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        errors.append(f"spec.adapters: duplicate name(s) {', '.join(duplicates)}")
+    if spec.model.name in names:
+        errors.append(f"spec.adapters: {spec.model.name!r} is the base model's name")
+    errors += [f"spec.adapters[{a.name}].rank: {a.rank} exceeds lora.maxLoraRank {limits.max_lora_rank}"
+               for a in spec.adapters if a.rank is not None and a.rank > limits.max_lora_rank]
+    if limits.max_cpu_loras is not None and limits.max_cpu_loras < limits.max_loras:
+        errors.append("spec.lora: maxCpuLoras must not be below maxLoras")
+    if spec.runtime.engine != "specfleet":
+        errors.append(ADAPTERS_VLLM_RULE)
     return errors
+
+
+def _adapter_source_ok(source: str) -> bool:
+    """The CRD's pattern, plus no `..` segment (a relative folder stays on the model volume)."""
+    return bool(ADAPTER_SOURCE_RE.match(source)) and ".." not in source.split("://", 1)[-1].split("/")
 
 
 class _Reader:
@@ -226,9 +276,45 @@ class _Reader:
         autoscaling = self.autoscaling(self.obj(raw, "autoscaling", "spec.autoscaling"))
         replicas = self.int(raw, "replicas", "spec.replicas", None, lo=0)
         mode = self.enum(raw, "mode", "spec.mode", "Serving", MODES)
+        adapters = self.adapters(raw.get("adapters"))
+        lora = self.lora(self.obj(raw, "lora", "spec.lora"))
         if None in (model, slo) or self.errors:
             return None
-        return InferenceServiceSpec(model, slo, runtime, accelerator, speculation, autoscaling, replicas, mode)
+        return InferenceServiceSpec(model, slo, runtime, accelerator, speculation, autoscaling, replicas, mode,
+                                    adapters, lora)
+
+    def adapters(self, raw: Any) -> tuple[Adapter, ...]:
+        if raw is None:
+            return ()
+        if not isinstance(raw, list) or len(raw) > MAX_ADAPTERS:
+            self.errors.append(f"spec.adapters: must be a list of at most {MAX_ADAPTERS} objects")
+            return ()
+        out = []
+        for i, item in enumerate(raw):
+            where = f"spec.adapters[{i}]"
+            if not isinstance(item, Mapping):
+                self.errors.append(f"{where}: must be an object")
+                continue
+            name = self.str(item, "name", f"{where}.name", None, pattern=ADAPTER_NAME_RE.pattern)
+            if name is not None and len(name) > 63:
+                self.errors.append(f"{where}.name: longer than 63 characters")
+            source = self.str(item, "source", f"{where}.source", None)
+            if source is not None and not _adapter_source_ok(source):
+                self.errors.append(f"{where}.source: {source!r} is not a folder on the model volume (a relative "
+                                   "path), pvc://claim/path, oci://... or https://...")
+            rank = self.int(item, "rank", f"{where}.rank", None, lo=1, hi=MAX_LORA_RANK)
+            if name is not None and source is not None:
+                out.append(Adapter(name, source, rank))
+        return tuple(out)
+
+    def lora(self, raw: Mapping[str, Any] | None) -> LoRA | None:
+        if raw is None:
+            return None
+        w = "spec.lora"
+        slots = self.int(raw, "maxLoras", f"{w}.maxLoras", 4, lo=1, hi=64)
+        rank = self.int(raw, "maxLoraRank", f"{w}.maxLoraRank", 16, lo=1, hi=MAX_LORA_RANK)
+        cpu = self.int(raw, "maxCpuLoras", f"{w}.maxCpuLoras", None, lo=1, hi=1024)
+        return LoRA(slots or 4, rank or 16, cpu)
 
     def model(self, raw: Mapping[str, Any] | None, where: str) -> ModelRef | None:
         if raw is None:

@@ -3,13 +3,11 @@
 `ServiceModel` bundles a service's model shape, step cost, SLO and plan limits and answers the
 sizing questions (the batch that holds the ITL target, requests/s per replica at a utilization,
 goodput-optimal k, maxBatchForSpeculation); `service_model` builds it from a spec and its plan's
-limits; `model_shape` turns a catalog architecture into the performance model's shape; `free_k` is
-the search for the deepest speculation depth that costs no replicas at a load; `replicas_for` counts
-replicas for a load. Every step time comes from the model's `cost`: its measured profile when the plan
-found one for the service's (model, accelerator), else the roofline over `cal`
-(`specfleet.operator.step_cost`). Pure: it imports only the performance model, the step costs and the
-spec's types, so the planner (above it) and the controllers (above it) both use it and neither
-imports the other.
+limits; `free_k` is the search for the deepest speculation depth that costs no replicas at a load;
+`replicas_for` counts replicas for a load. Every step time comes from the model's `cost`: its measured
+profile when the plan found one for the service's (model, accelerator), else the roofline over `cal`
+(`specfleet.operator.cost`). Pure: it imports only the cost package, so the planner (above it) and the
+controllers (above it) both use it and neither imports the other.
 """
 from __future__ import annotations
 
@@ -18,26 +16,29 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Protocol
 
-from specfleet.operator import perfmodel as pm
-from specfleet.operator.api import Architecture
-from specfleet.operator.step_cost import CostSource, ProfileCost
+from specfleet.operator.cost import (Architecture, Calibration, CostSource, DraftTime, ProfileCost, Roofline, Share,
+                                     StepCost, best_k, draft_time_fn, expected_tokens, goodputs,
+                                     max_batch_for_speculation, no_draft_cost, share_at, spec_step_time)
 
 TARGET_UTILIZATION = 0.9    # share of the SLO batch and of the prefill rate a replica is sized to use
 
 
-def model_shape(arch: Architecture, dtype: str) -> pm.ModelShape:
-    """The performance model's view of a catalog (or CR-declared) architecture at `dtype`."""
-    size = pm.dtype_bytes(dtype)
-    return pm.ModelShape(parameters=arch.parameters, num_layers=arch.num_layers, hidden_size=arch.hidden_size,
-                         num_attention_heads=arch.num_attention_heads, num_kv_heads=arch.num_kv_heads,
-                         head_dim=arch.head_dim, intermediate_size=arch.intermediate_size,
-                         vocab_size=arch.vocab_size, dtype_bytes=size, kv_dtype_bytes=size)
+def lora_slot_bytes(shape: Architecture, max_loras: int, max_rank: int) -> int:
+    """Memory of the engine's adapter slots: per slot and layer, each projection's A [r, in] and B [r, out] at
+    the maximum rank, laid out as the engine holds them (engine/lora/layers.py: q, k, v stacked along the
+    rank against the fused qkv output, gate and up against gate_up), in the model's dtype."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    fused = ((3, h, q + 2 * kv), (1, q, h), (2, h, 2 * i), (1, i, h))     # (parts, in, out): qkv, o, gate_up, down
+    per_layer = sum(parts * max_rank * (fan_in + fan_out) for parts, fan_in, fan_out in fused)
+    return max_loras * shape.num_layers * per_layer * shape.dtype_bytes
+
 
 @dataclass(frozen=True)
 class ServiceModel:
-    shape: pm.ModelShape
-    cal: pm.Calibration
-    prior: pm.Calibration
+    shape: Architecture        # at the service's dtype
+    cal: Calibration
+    prior: Calibration
     ctx: int                   # mean context of a decoding sequence
     prompt_tokens: int
     output_tokens: int
@@ -47,27 +48,23 @@ class ServiceModel:
     chunk: int                 # max_num_batched_tokens
     max_k: int
     min_acceptance: float
-    draft: pm.DraftTime = pm.no_draft_cost
+    draft: DraftTime = no_draft_cost
     profile: ProfileCost | None = None          # the measured cost; None: the roofline over `cal`
     calibration: CostSource = CostSource()      # where `cost` comes from and how well it fits
     # Drafted tokens per k decoding sequence-steps: one share, or one per depth 1, 2, ... (an n-gram
     # proposal is often shorter than k, so the share falls with k).
-    draft_share: pm.Share = 1.0
+    draft_share: Share = 1.0
 
     @property
-    def cost(self) -> pm.StepCost:
-        return self.profile if self.profile is not None else pm.Roofline(self.shape, self.cal)
+    def cost(self) -> StepCost:
+        return self.profile if self.profile is not None else Roofline(self.shape, self.cal)
 
     def step(self, batch: float, k: int = 0) -> float:
-        return pm.spec_step_time_of(self.cost, max(1, round(batch)), self.ctx, k, self.draft, self.draft_share)
+        return spec_step_time(self.cost, max(1, round(batch)), self.ctx, k, self.draft, self.draft_share)
 
     def tokens_per_step(self, alpha: float, k: int) -> float:
         """Mean tokens a decoding sequence gains per step at acceptance `alpha` and depth `k`."""
-        return pm.expected_tokens(alpha, k, self.draft_share)
-
-    def token_time(self, batch: float, alpha: float, k: int) -> float:
-        """Mean time between output tokens of one sequence at `batch` (what the ITL histogram sees)."""
-        return self.step(batch, k) / self.tokens_per_step(alpha, k)
+        return expected_tokens(alpha, k, self.draft_share)
 
     def slo_batch(self, alpha: float = 0.0, k: int = 0) -> int:
         """Largest batch whose mixed step keeps tokens within the ITL target (at most max_num_seqs)."""
@@ -124,21 +121,21 @@ class ServiceModel:
         return self.cost.mixed(max(1, round(batch)), self.ctx, self.chunk)
 
     def best_k(self, batch: float, alpha: float, margin: float = 0.0) -> int:
-        return pm.best_k_of(self.cost, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft,
-                            self.draft_share, margin)
+        return best_k(self.cost, max(1, round(batch)), self.ctx, alpha, self.max_k, self.draft, self.draft_share,
+                      margin)
 
     def speedup(self, batch: float, alpha: float) -> tuple[float, int]:
         """Goodput speculating at the best depth over goodput without, at `batch` (below 1: it costs),
         and that depth."""
-        rates = pm.goodputs_of(self.cost, max(1, round(batch)), self.ctx, alpha, max(self.max_k, 1), self.draft,
-                               self.draft_share)
+        rates = goodputs(self.cost, max(1, round(batch)), self.ctx, alpha, max(self.max_k, 1), self.draft,
+                         self.draft_share)
         k = max(range(1, len(rates)), key=lambda i: (rates[i], -i))
         return rates[k] / rates[0], k
 
     def share_at(self, k: int) -> float:
-        return pm.share_at(self.draft_share, k)
+        return share_at(self.draft_share, k)
 
-    def with_draft_share(self, share: pm.Share | None) -> "ServiceModel":
+    def with_draft_share(self, share: Share | None) -> "ServiceModel":
         """The model at an observed draft share, or shares by depth (rounded, so that the sizing caches
         stay small)."""
         if share is None:
@@ -193,26 +190,10 @@ def _replica_rps(m: ServiceModel, utilization: float, alpha: float, k: int, outp
 
 @lru_cache(maxsize=1024)
 def _mbs(m: ServiceModel, alpha: float, margin: float) -> int:
-    return pm.max_batch_for_speculation_of(m.cost, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft,
-                                           share=m.draft_share, margin=margin)
+    return max_batch_for_speculation(m.cost, m.ctx, alpha, m.max_k, limit=4096, draft=m.draft, share=m.draft_share,
+                                     margin=margin)
 
 
-def alpha_from_acceptance(rate: float, k: int) -> float:
-    """Per-token acceptance probability a whose geometric process accepts `rate` of k drafted tokens.
-
-    accepted per draft = a (1 - a^k) / (1 - a); rate = that / k. Inverted by bisection.
-    """
-    if k <= 0 or rate <= 0:
-        return 0.0
-    if rate >= 1:
-        return 1.0
-    target = rate * k
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        accepted = mid * k if mid >= 1 else mid * (1 - mid ** k) / (1 - mid)
-        lo, hi = (mid, hi) if accepted < target else (lo, mid)
-    return (lo + hi) / 2
 
 
 
@@ -223,13 +204,13 @@ def service_model(spec, plan, gpus, models) -> ServiceModel | None:
     gpu, arch = gpus.get(plan.accelerator), models.lookup(spec.model)
     if gpu is None or arch is None:
         return None
-    shape = model_shape(arch, spec.model.dtype)
+    shape = arch.with_dtype(spec.model.dtype)
     cal = gpu.calibration(plan.tensor_parallel_size)
     slo, sp = spec.slo, spec.speculation
     ctx = min(slo.prompt_tokens + slo.output_tokens // 2, slo.max_context_tokens)
-    draft = pm.no_draft_cost
+    draft = no_draft_cost
     if sp.method == "draft" and sp.draft_model is not None and models.lookup(sp.draft_model) is not None:
-        draft = pm.draft_time_fn(model_shape(models.lookup(sp.draft_model), sp.draft_model.dtype), cal, ctx)
+        draft = draft_time_fn(models.lookup(sp.draft_model).with_dtype(sp.draft_model.dtype), cal, ctx)
     return ServiceModel(shape=shape, cal=cal, prior=cal, ctx=ctx, prompt_tokens=slo.prompt_tokens,
                         output_tokens=slo.output_tokens, ttft_s=slo.ttft_p99_ms / 1000, itl_s=slo.itl_p99_ms / 1000,
                         max_num_seqs=_engine_arg(spec, "--max-num-seqs", plan.max_num_seqs),

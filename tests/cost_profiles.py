@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specfleet.engine.profile_model import Acceptance, Profile, StepFit
 from specfleet.operator.catalogs.profile_catalog import ProfileCatalog, ProfileEntry
-from specfleet.operator.step_cost import ProfileCost, profile_cost
+from specfleet.operator.cost import ProfileCost, profile_cost
 
 # As `fit_profile` fits decode and verification together: shared per-sequence, per-token and attention
 # costs, a fixed cost per kind.

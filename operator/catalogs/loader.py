@@ -13,8 +13,8 @@ from typing import Mapping
 
 import yaml
 
-from specfleet.operator.api import ARCH_FIELDS, Architecture, ModelRef
-from specfleet.operator.perfmodel import GiB, Calibration
+from specfleet.operator.api import ARCH_FIELDS, ModelRef
+from specfleet.operator.cost import Architecture, Calibration, GiB
 
 HERE = Path(__file__).parent
 SUFFIXES = ("-instruct", "-chat", "-it", "-base")

@@ -16,7 +16,7 @@ from typing import Mapping
 from specfleet.engine import profile_format
 from specfleet.operator.api import ModelRef
 from specfleet.operator.catalogs.loader import normalize
-from specfleet.operator.step_cost import ProfileCost, profile_cost
+from specfleet.operator.cost import ProfileCost, profile_cost
 
 HERE = Path(__file__).parent / "profiles"
 SEPARATOR = "--"

@@ -9,9 +9,9 @@ from cost_profiles import CPU_FITS, cpu_catalog, cpu_cost, cpu_profile, write_pr
 
 from specfleet.engine.profile_model import StepFit, save
 from specfleet.operator import capacity, catalogs, planner
-from specfleet.operator import perfmodel as pm
+from specfleet.operator import cost as c
 from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, read_catalog
-from specfleet.operator.step_cost import ObservedStep, fit_error, profile_cost, refine
+from specfleet.operator.cost import ObservedStep, fit_error, profile_cost, refine
 
 CPU = {"model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m", "dtype": "float32"}, "accelerator": {"type": "cpu", "count": 1},
        "runtime": {"engine": "specfleet"},
@@ -48,7 +48,7 @@ def test_a_gpu_entry_without_a_profile_plans_exactly_as_before(make_spec, gpus, 
     spec = make_spec()
     assert planner.plan(spec, gpus, models, cpu_catalog()) == planner.plan(spec, gpus, models, NO_PROFILES)
     model = capacity.service_model(spec, planner.plan(spec, gpus, models, cpu_catalog()), gpus, models)
-    assert model.cost == pm.Roofline(model.shape, model.cal)
+    assert model.cost == c.Roofline(model.shape, model.cal)
 
 
 def test_a_profile_is_found_by_the_model_source_when_the_name_differs(make_spec, gpus, models):
@@ -106,8 +106,8 @@ def test_the_speculation_threshold_comes_from_the_profile(make_spec, gpus, model
 def test_the_threshold_is_the_largest_batch_where_the_profile_says_speculation_pays():
     cost = cpu_cost()
     alpha = 0.6
-    mbs = pm.max_batch_for_speculation_of(cost, 300, alpha, 4)
-    assert pm.best_k_of(cost, mbs, 300, alpha, 4) > 0 and pm.best_k_of(cost, mbs + 1, 300, alpha, 4) == 0
+    mbs = c.max_batch_for_speculation(cost, 300, alpha, 4)
+    assert c.best_k(cost, mbs, 300, alpha, 4) > 0 and c.best_k(cost, mbs + 1, 300, alpha, 4) == 0
 
 
 def test_refinement_moves_each_step_kind_toward_what_was_observed():
@@ -167,11 +167,11 @@ def test_the_shipped_catalogue_loads_without_errors():
 
 def test_the_break_even_batch_is_where_speculating_at_k_stops_beating_plain_decoding():
     cost, alpha, k = cpu_cost(), 0.7, 4
-    b = pm.break_even_batch(cost, 200, alpha, k)
+    b = c.break_even_batch(cost, 200, alpha, k)
     assert 1 < b < 4096
-    assert pm.goodput_of(cost, b * 0.99, 200, alpha, k) > pm.goodput_of(cost, b * 0.99, 200, alpha, 0)
-    assert pm.goodput_of(cost, b * 1.01, 200, alpha, k) < pm.goodput_of(cost, b * 1.01, 200, alpha, 0)
-    assert pm.break_even_batch(cost, 200, 0.0, k) == 0.0
+    assert c.goodput(cost, b * 0.99, 200, alpha, k) > c.goodput(cost, b * 0.99, 200, alpha, 0)
+    assert c.goodput(cost, b * 1.01, 200, alpha, k) < c.goodput(cost, b * 1.01, 200, alpha, 0)
+    assert c.break_even_batch(cost, 200, 0.0, k) == 0.0
 
 
 def test_a_noisy_verify_fit_is_left_out_and_the_decode_fit_prices_verification(make_spec, gpus, models):
@@ -217,17 +217,17 @@ def test_a_verification_step_is_never_priced_below_the_decode_fit_over_its_token
     for batch in (1, 8, 64):
         assert cost.step(batch, 256, 3) == pytest.approx(3.0 * cost.decode.seconds(batch, 256, 3))
     by_decode = replace(cost, verify=None, verify_scale=3.0)
-    assert pm.max_batch_for_speculation_of(cost, 256, 0.7, 4) == pm.max_batch_for_speculation_of(by_decode, 256, 0.7, 4)
-    assert pm.max_batch_for_speculation_of(cost, 256, 0.7, 4) < 4096
+    assert c.max_batch_for_speculation(cost, 256, 0.7, 4) == c.max_batch_for_speculation(by_decode, 256, 0.7, 4)
+    assert c.max_batch_for_speculation(cost, 256, 0.7, 4) < 4096
 
 
 def test_a_draft_share_below_one_lowers_both_the_gain_and_the_cost_of_speculating(make_spec, gpus, models):
     cost = cpu_cost()
-    assert pm.expected_tokens(0.8, 4, share=0.5) == pytest.approx(1 + 0.5 * (pm.expected_tokens(0.8, 4) - 1))
-    assert pm.spec_step_time_of(cost, 8, 256, 4, share=0.5) < pm.spec_step_time_of(cost, 8, 256, 4)
-    assert pm.spec_step_time_of(cost, 8, 256, 4, share=0.5) == pytest.approx(cost.step(8, 256, 3.0))
-    tokens = 1 + 0.5 * (pm.expected_tokens(0.8, 4) - 1)
-    assert pm.goodput_of(cost, 8, 256, 0.8, 4, share=0.5) == pytest.approx(8 * tokens / cost.step(8, 256, 3.0))
+    assert c.expected_tokens(0.8, 4, share=0.5) == pytest.approx(1 + 0.5 * (c.expected_tokens(0.8, 4) - 1))
+    assert c.spec_step_time(cost, 8, 256, 4, share=0.5) < c.spec_step_time(cost, 8, 256, 4)
+    assert c.spec_step_time(cost, 8, 256, 4, share=0.5) == pytest.approx(cost.step(8, 256, 3.0))
+    tokens = 1 + 0.5 * (c.expected_tokens(0.8, 4) - 1)
+    assert c.goodput(cost, 8, 256, 0.8, 4, share=0.5) == pytest.approx(8 * tokens / cost.step(8, 256, 3.0))
     spec = make_spec(**CPU)
     plan = planner.plan(spec, gpus, models, cpu_catalog())
     model = capacity.service_model(spec, plan, gpus, models).with_draft_share(0.5)
@@ -239,26 +239,26 @@ def test_a_share_per_token_off_is_fewer_steps_once_drafts_are_accepted():
     """Off, the engine proposes after every token; on, an accepted draft passes the positions that have
     one in fewer steps. 0.6 of the tokens at a = 0.73, k = 1 (1.73 tokens a drafting step) is 0.46 of
     the steps, the two readings the closed loop saw (0.59-0.61 off, 0.39-0.45 on)."""
-    assert pm.share_per_step(0.6, 0.73, 1) == pytest.approx(0.6 / 1.73 / (0.6 / 1.73 + 0.4))
-    assert 0.45 < pm.share_per_step(0.6, 0.73, 1) < 0.47
+    assert c.share_per_step(0.6, 0.73, 1) == pytest.approx(0.6 / 1.73 / (0.6 / 1.73 + 0.4))
+    assert 0.45 < c.share_per_step(0.6, 0.73, 1) < 0.47
     for share, alpha, k in ((0.6, 0.73, 1), (0.3, 0.5, 4), (0.9, 0.99, 2)):
-        assert pm.share_per_token(pm.share_per_step(share, alpha, k), alpha, k) == pytest.approx(share)
-    assert pm.share_per_step(0.6, 0.0, 3) == pytest.approx(0.6) and pm.share_per_step(0.6, 0.8, 0) == 0.6
+        assert c.share_per_token(c.share_per_step(share, alpha, k), alpha, k) == pytest.approx(share)
+    assert c.share_per_step(0.6, 0.0, 3) == pytest.approx(0.6) and c.share_per_step(0.6, 0.8, 0) == 0.6
 
 
 def test_shares_by_depth_price_each_depth_at_its_own_share(make_spec, gpus, models):
     cost, shares = cpu_cost(), (0.45, 0.33, 0.27, 0.23)
-    assert [pm.share_at(shares, k) for k in (1, 2, 4)] == [0.45, 0.33, 0.23]
-    assert pm.share_at(shares, 8) == pytest.approx(0.23 * 4 / 8)      # proposals stop at the deepest measured
-    assert pm.share_at(0.4, 3) == 0.4
+    assert [c.share_at(shares, k) for k in (1, 2, 4)] == [0.45, 0.33, 0.23]
+    assert c.share_at(shares, 8) == pytest.approx(0.23 * 4 / 8)      # proposals stop at the deepest measured
+    assert c.share_at(0.4, 3) == 0.4
     for k in (1, 2, 4):
-        assert pm.goodput_of(cost, 8, 256, 0.8, k, share=shares) == pytest.approx(
-            pm.goodput_of(cost, 8, 256, 0.8, k, share=shares[k - 1]))
+        assert c.goodput(cost, 8, 256, 0.8, k, share=shares) == pytest.approx(
+            c.goodput(cost, 8, 256, 0.8, k, share=shares[k - 1]))
     spec = make_spec(**CPU)
     plan = planner.plan(spec, gpus, models, cpu_catalog())
     model = capacity.service_model(spec, plan, gpus, models).with_draft_share(shares)
     assert model.prefill_room(8, 2) == model.chunk - round(8 * (1 + 0.33 * 2))
-    assert model.tokens_per_step(0.8, 4) == pytest.approx(pm.expected_tokens(0.8, 4, 0.23))
+    assert model.tokens_per_step(0.8, 4) == pytest.approx(c.expected_tokens(0.8, 4, 0.23))
 
 
 def test_the_speculation_threshold_is_the_last_batch_that_pays_past_a_gap_below_the_knee(make_spec):
@@ -273,7 +273,7 @@ def test_the_speculation_threshold_is_the_last_batch_that_pays_past_a_gap_below_
     spec = make_spec(**CPU)
     plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalog)
     model = capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models()).with_draft_share(0.3)
-    pays = [pm.best_k_of(model.cost, b, model.ctx, 0.5, 4, model.draft, model.draft_share) > 0 for b in range(1, 200)]
+    pays = [c.best_k(model.cost, b, model.ctx, 0.5, 4, model.draft, model.draft_share) > 0 for b in range(1, 200)]
     threshold = model.max_batch_for_speculation(0.5)
     assert pays[0] and not all(pays[:threshold]), "no gap: the test lost its case"
     assert pays[threshold - 1] and not any(pays[threshold:])

@@ -1,18 +1,10 @@
-"""What one engine step costs: a measured profile when there is one, the roofline otherwise.
+"""The measured step cost: an engine profile's fits, scaled by what the engines were since seen to take.
 
-A `StepCost` answers the time of a decode/verify step and of a mixed (chunked-prefill) step; every
-sizing question in `perfmodel` and `capacity` is asked of one. The protocol and the roofline live in
-`perfmodel` (the layer below, whose `(model, cal, ...)` shorthands need the roofline) and are
-re-exported here.
-
-- `perfmodel.Roofline`: the formula over the model's shape and a calibration (BW_eff, FLOPS_eff,
-  t_fixed); what every accelerator without a profile plans with.
-- `ProfileCost`: the fits T = a + b.tokens + c.tokens.context per step kind of an engine profile
-  (`specfleet engine profile`, `specfleet.engine.profile_format`), times a per-kind scale that the
-  control loop refines online from the engines' step times (`refine`).
-
-`CostSource` says which one a service model uses and how well it fits: `status.calibration`.
-Pure and torch-free.
+`ProfileCost` prices steps with the fits T = a + b.tokens + c.tokens.context (and the per-sequence and
+knee terms) per step kind of a profile that `specfleet engine profile` wrote, read as plain data with
+`specfleet.engine.profile_format` (the standard library only: the operator's image has no numpy; the
+fit itself is `specfleet.engine.profile_model`'s). `refine` moves its per-kind scales toward observed
+step times (`cost.calibration` calls it each interval).
 """
 from __future__ import annotations
 
@@ -21,34 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from specfleet.engine.profile_format import Profile, StepFit
-from specfleet.operator.perfmodel import Roofline, StepCost
+from specfleet.operator.cost.observed import ObservedStep, predicted
 
-__all__ = ["CostSource", "ObservedStep", "ProfileCost", "Roofline", "StepCost", "fit_error", "planned_source",
-           "predicted", "profile_cost", "refine"]
-
-ROOFLINE, PROFILE, ONLINE = "roofline", "profile", "online"
 SCALE_BOUND = 5.0       # an online scale stays within [1 / bound, bound] of the measured profile
 MAX_FIT_ERROR = 0.25    # a step kind's fit with a larger relative RMS error over its own points is not used
 MIN_SECONDS = 1e-6      # a fit's floor: a least-squares intercept may dip below zero
-
-
-@dataclass(frozen=True)
-class CostSource:
-    """Where a service model's step costs come from (`status.calibration`)."""
-
-    source: str = ROOFLINE               # profile | online | roofline
-    profile: str | None = None           # the profile's name (also after online refinement of it)
-    fit_error: float | None = None       # relative RMS against the observed steps (before any: the profile's own)
-    samples: int = 0                     # observed steps behind an online refinement
-    reason: str = ""                     # why the roofline is used, or which of the profile's fits are not
-    scales: tuple[float, float] | None = None   # a refined profile's (decode, verify) scales
-
-    def as_status(self) -> dict:
-        out = {"source": self.source, "profile": self.profile,
-               "fitError": None if self.fit_error is None else round(self.fit_error, 4), "samples": self.samples}
-        if self.scales is not None:
-            out |= {"decodeScale": round(self.scales[0], 4), "verifyScale": round(self.scales[1], 4)}
-        return {**out, "reason": self.reason} if self.reason else out
 
 
 @dataclass(frozen=True)
@@ -110,41 +79,6 @@ def profile_cost(profile: Profile, name: str) -> ProfileCost:
                if noisy else "")
     return ProfileCost(name, decode, fits.get("verify"), fits.get("prefill"), fit_error=error, num_points=points,
                        refused=refused, dtype=profile.dtype)
-
-
-def planned_source(cost: ProfileCost | None, reason: str = "") -> CostSource:
-    """The source of a freshly planned service: the profile's own fit error, or the roofline and why."""
-    if cost is None:
-        return CostSource(ROOFLINE, reason=reason or "no profile for this model and accelerator")
-    return CostSource(PROFILE, cost.name, cost.fit_error, 0, cost.refused)
-
-
-@dataclass(frozen=True)
-class ObservedStep:
-    """The mean step of one batch bucket: `batch` sequences of `q` tokens, `extra` prompt tokens."""
-
-    batch: int
-    q: float                             # tokens per sequence: 1 + draft share x k while speculating
-    extra: int
-    seconds: float
-    weight: float                        # steps behind the mean
-
-
-def predicted(cost: StepCost, s: ObservedStep, ctx: int, base: float | None = None) -> float:
-    """The cost's time of an observed step: its decode/verify part (`base` if given) plus its prompt tokens."""
-    base = cost.step(s.batch, ctx, s.q) if base is None else base
-    if s.extra <= 0:
-        return base
-    return base + cost.mixed(s.batch, ctx, s.batch + s.extra) - cost.step(s.batch, ctx, 1)
-
-
-def fit_error(cost: StepCost, steps: Sequence[ObservedStep], ctx: int) -> float | None:
-    """Relative RMS of the cost against observed steps, weighted by their counts (None: no steps)."""
-    total = sum(s.weight for s in steps)
-    if total <= 0:
-        return None
-    square = sum(s.weight * ((predicted(cost, s, ctx) - s.seconds) / s.seconds) ** 2 for s in steps)
-    return math.sqrt(square / total)
 
 
 def refine(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int, blend: float) -> ProfileCost:

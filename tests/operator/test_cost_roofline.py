@@ -1,0 +1,125 @@
+"""The roofline cost, memory and speculation arithmetic against hand-computed numbers, and their monotonicity."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfleet.operator import cost as c
+
+GiB = c.GiB
+LLAMA70 = c.Architecture(parameters=70e9, num_layers=80, hidden_size=8192, num_attention_heads=64,
+                         num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256)
+H100x4 = c.Calibration(bw_eff=4 * 3.35e12, flops_eff=4 * 989e12, t_fixed=0.0)
+ROOF = c.Roofline(LLAMA70, H100x4)
+
+
+def test_llama70b_kv_per_token_is_320_kib_in_bf16():
+    assert c.kv_bytes_per_token(LLAMA70) == 320 * 1024
+
+
+def test_llama70b_weights_are_140_gb_in_bf16():
+    assert c.weights_bytes(LLAMA70) == 140e9
+
+
+def test_llama70b_kv_pool_and_blocks_on_4_h100():
+    # 4 x 80 GiB x 0.9 = 309.24 GB; minus 140 GB weights and a 4 GiB reserve = 164.94 GB of KV,
+    # which is 31460 blocks of 16 tokens x 320 KiB.
+    pool = c.kv_pool_bytes(LLAMA70, 80 * GiB, 0.9, 4, reserve=4 * GiB)
+    assert pool == 4 * 80 * GiB * 0.9 - 140e9 - 4 * GiB
+    assert c.kv_blocks(pool, 16, 320 * 1024) == int(pool // (16 * 320 * 1024)) == 31460
+
+
+def test_decode_step_is_memory_bound_at_batch_one():
+    # 140 GB of weights at 13.4 TB/s: 10.45 ms; 2 x 70e9 FLOP at 3.956 PFLOP/s: 0.035 ms.
+    t = c.step_time(LLAMA70, H100x4, batch=1, ctx=0, q=1)
+    assert abs(t - 140e9 / (4 * 3.35e12)) < 1e-12
+
+
+def test_decode_step_turns_compute_bound_at_large_batch_times_depth():
+    t = c.step_time(LLAMA70, H100x4, batch=512, ctx=0, q=8)
+    assert t == 2 * 70e9 * 512 * 8 / (4 * 989e12)
+
+
+def test_expected_tokens_matches_the_geometric_series():
+    assert c.expected_tokens(0.5, 0) == 1.0
+    assert c.expected_tokens(0.5, 1) == 1.5
+    assert abs(c.expected_tokens(0.5, 3) - (1 + 0.5 + 0.25 + 0.125)) < 1e-12
+    assert c.expected_tokens(1.0, 4) == 5.0
+
+
+def test_speculation_pays_at_batch_one_and_stops_paying_at_large_batch():
+    # Short contexts: the verify pass of k+1 tokens turns compute bound as the batch grows.
+    assert c.best_k(ROOF, 1, 256, alpha=0.7, max_k=8) > 0
+    mbs = c.max_batch_for_speculation(ROOF, 256, alpha=0.7, max_k=8)
+    assert 1 <= mbs < 4096
+    assert c.best_k(ROOF, mbs, 256, 0.7, 8) > 0
+    assert c.best_k(ROOF, mbs + 1, 256, 0.7, 8) == 0
+
+
+def test_long_contexts_keep_speculation_paying_to_larger_batches():
+    short = c.max_batch_for_speculation(ROOF, 256, alpha=0.7, max_k=8)
+    long = c.max_batch_for_speculation(ROOF, 4096, alpha=0.7, max_k=8)
+    assert long > short
+
+
+def test_speculation_never_pays_at_zero_acceptance():
+    assert c.max_batch_for_speculation(ROOF, 2048, alpha=0.0, max_k=8) == 0
+
+
+def test_an_expensive_draft_model_lowers_the_speculation_crossover():
+    draft = c.draft_time_fn(small_model(), H100x4, 2048)
+    free = c.max_batch_for_speculation(ROOF, 2048, 0.7, 8)
+    costly = c.max_batch_for_speculation(ROOF, 2048, 0.7, 8, draft=draft)
+    assert costly <= free
+
+
+def small_model() -> c.Architecture:
+    return c.Architecture(16, 2048, 32, 8, 64, 8192, 128256, 1_235_814_400).with_dtype("bfloat16")
+
+
+def test_fit_calibration_recovers_the_parameters_it_was_generated_with():
+    truth = c.Calibration(bw_eff=2.5e12, flops_eff=5e14, t_fixed=0.004)
+    samples = [c.StepSample(b, ctx, q, c.step_time(LLAMA70, truth, b, ctx, q))
+               for b in (1, 4, 16, 64, 256, 1024) for ctx in (512, 4096) for q in (1, 5)]
+    fit = c.fit_calibration(samples, LLAMA70, prior=c.Calibration(1e12, 1e14, 0.0))
+    assert abs(fit.bw_eff / truth.bw_eff - 1) < 0.02
+    assert abs(fit.t_fixed - truth.t_fixed) < 5e-4
+    assert abs(fit.flops_eff / truth.flops_eff - 1) < 0.05
+
+
+@settings(max_examples=60, deadline=None)
+@given(small=st.floats(20, 160), extra=st.floats(0, 200), tp=st.sampled_from([1, 2, 4, 8]))
+def test_more_memory_never_means_fewer_blocks(small, extra, tp):
+    kv = c.kv_bytes_per_token(LLAMA70)
+    fewer = c.kv_blocks(c.kv_pool_bytes(LLAMA70, small * GiB, 0.9, tp), 16, kv)
+    more = c.kv_blocks(c.kv_pool_bytes(LLAMA70, (small + extra) * GiB, 0.9, tp), 16, kv)
+    assert more >= fewer
+
+
+@settings(max_examples=60, deadline=None)
+@given(itl=st.floats(5, 200), tighter=st.floats(0.1, 1.0), ctx=st.integers(64, 16384))
+def test_a_tighter_itl_never_means_a_larger_batch(itl, tighter, ctx):
+    pool = 150e9
+    loose = c.max_num_seqs(ROOF, c.kv_bytes_per_token(LLAMA70), ctx, itl / 1000, pool)
+    tight = c.max_num_seqs(ROOF, c.kv_bytes_per_token(LLAMA70), ctx, itl * tighter / 1000, pool)
+    assert tight <= loose
+
+
+@settings(max_examples=40, deadline=None)
+@given(itl=st.floats(12, 200), ttft=st.floats(50, 5000), prompt=st.integers(16, 8000), batch=st.integers(1, 64))
+def test_the_token_budget_keeps_mixed_steps_within_the_itl_target(itl, ttft, prompt, batch):
+    chunk = c.token_budget(ROOF, batch, 2048, prompt, itl / 1000, ttft / 1000)
+    if chunk:
+        assert c.mixed_step_time(LLAMA70, H100x4, batch, 2048, chunk) <= itl / 1000
+        assert c.prefill_time(ROOF, prompt, chunk, batch, 2048) <= ttft / 1000
+
+
+def test_one_architecture_type_serves_the_crd_and_the_cost_model():
+    from specfleet.operator import api
+
+    assert api.Architecture is c.Architecture
+    bf16 = small_model()
+    fp8 = bf16.with_dtype("fp8")
+    assert (fp8.dtype_bytes, fp8.kv_dtype_bytes) == (1, 1)
+    assert c.kv_bytes_per_token(fp8) * 2 == c.kv_bytes_per_token(bf16)
+    assert c.weights_bytes(fp8) * 2 == c.weights_bytes(bf16)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import typer
 
 from specfleet.cli import bench_cmds, cluster_cmds, engine_cmds, operator_cmds
-from specfleet.cli import fleet_cmds, gateway_cmds
+from specfleet.cli import fleet_cmds, gateway_cmds, sim_cmds
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Serve LLMs on Kubernetes under declared latency SLOs.")
@@ -18,6 +18,7 @@ app.add_typer(cluster_cmds.app, name="cluster", help="Kubernetes API emulator fo
 app.add_typer(bench_cmds.app, name="bench", help="Load-test an OpenAI-compatible server.")
 app.add_typer(gateway_cmds.app, name="gateway", help="Run the gateway: the OpenAI front door of every InferenceService.")
 operator_cmds.register_top_level(app)
+sim_cmds.register(app)
 fleet_cmds.register(app)
 
 

@@ -71,6 +71,15 @@ def test_the_fresh_environment_imports_specfleet_from_the_wheel(fresh_venv, tmp_
     assert crds == "1"
 
 
+def test_the_wheel_ships_the_simulator_and_its_derived_profiles(fresh_venv, tmp_path):
+    out = sh(fresh_venv / "bin/python", "-c", "from specfleet.sim import truth as t; "
+             "print(t.find_profile('llama-3.1-8b', 'nvidia-h100-80gb')); print(t.find_profile('smollm2-135m', 'cpu'))",
+             cwd=tmp_path)
+    derived, measured = out.split()
+    assert Path(derived).is_relative_to(fresh_venv) and Path(derived).parent.name == "profiles", out
+    assert Path(measured).is_relative_to(fresh_venv) and "catalogs" in Path(measured).parts, out
+
+
 def test_up_reads_the_operator_and_gateway_manifests_and_their_rbac_from_the_wheel(fresh_venv, tmp_path):
     out = sh(fresh_venv / "bin/python", "-c", "from specfleet.cluster import manifest_commands as m, service_accounts "
              "as s; print(m.manifest(m.OPERATOR)); "

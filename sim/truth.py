@@ -4,7 +4,7 @@ The simulator's pods run steps of the length a `specfleet.engine.profile_model.P
 the service's (model, accelerator), never the length of the controller's roofline: a controller
 tested against its own formula learns nothing. `find_profile` looks the profile up by name
 (`<model>--<accelerator>.json`) in the operator's shipped profiles (`operator/catalogs/profiles/`,
-measured) and then in the simulator's own (`operator/simulator/profiles/`, derived from published
+measured) and then in the simulator's own (`sim/profiles/`, derived from published
 figures and labelled so in their `derived` field).
 
 Step kinds as the engine runs them: a decode step (k = 0) costs the profile's decode fit at `batch`
@@ -26,16 +26,16 @@ import itertools
 import json
 import statistics
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from specfleet.engine import profile_model as prof
-from specfleet.operator import perfmodel as pm
-from specfleet.operator.capacity import alpha_from_acceptance
+from specfleet.operator.cost import Architecture, Calibration, StepSample, alpha_from_acceptance, fit_calibration
 
-HERE = Path(__file__).resolve().parent
-PROFILE_DIRS = (HERE.parent / "catalogs" / "profiles", HERE / "profiles")
+PROFILE_DIRS = (Path(resources.files("specfleet.operator.catalogs") / "profiles"),
+                Path(resources.files("specfleet.sim") / "profiles"))
 FIT_LIMIT = 0.5
 
 
@@ -111,13 +111,13 @@ class ProfileTruth:
         mixed = self.fit("prefill").seconds(1, self.ctx, tokens)
         return np.where(prefilling, np.maximum(step, mixed), step)
 
-    def calibration(self, shape: pm.ModelShape, prior: pm.Calibration) -> pm.Calibration:
+    def calibration(self, shape: Architecture, prior: Calibration) -> Calibration:
         """The roofline calibration closest to this truth (for baselines that size from the true capacity):
         `fit_calibration` over decode and verify steps at batches 1..512."""
-        samples = [pm.StepSample(b, self.ctx, q, float(self.step(np.array([b]), np.array([q - 1]),
-                                                                 np.array([False]))[0]))
+        samples = [StepSample(b, self.ctx, q, float(self.step(np.array([b]), np.array([q - 1]),
+                                                              np.array([False]))[0]))
                    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) for q in (1, 3, 5)]
-        return pm.fit_calibration(samples, shape, prior)
+        return fit_calibration(samples, shape, prior)
 
 
 def expected_range(n: int) -> float:

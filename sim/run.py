@@ -12,12 +12,12 @@ from specfleet.operator import catalogs, planner
 from specfleet.operator.catalogs import normalize
 from specfleet.operator.control import autoscaler, coordinator, speculation
 from specfleet.operator.capacity import ServiceModel, service_model
-from specfleet.operator.control.calibration import recalibrate_from
+from specfleet.operator.cost import recalibrate_from
 from specfleet.operator.control.window import build_window
-from specfleet.operator.simulator import policies as P
-from specfleet.operator.simulator.fleet import SimulatedFleet
-from specfleet.operator.simulator.scenarios import Scenario
-from specfleet.operator.simulator.truth import ProfileTruth, find_profile, truth_for
+from specfleet.sim import policies as P
+from specfleet.sim.fleet import SimulatedFleet
+from specfleet.sim.scenarios import Scenario
+from specfleet.sim.truth import ProfileTruth, find_profile, truth_for
 
 INTERVAL_S = 15.0
 DT = 0.5

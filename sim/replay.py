@@ -9,7 +9,7 @@ profile (`truth.ProfileTruth`); the acceptance of each phase's workload is the p
 acceptance for it, and so is its draft share (the share of decoding sequence-steps that draft: n-gram
 drafting finds a match only for some; 1.0 on a profile too old to have measured it). The controller is the operator's: one `control.coordinator.interval` per control interval (the
 speculation controller with the replica count fixed at 1, as with `spec.replicas`) on windows built from the simulated engine's
-metrics, and the calibration refitted online (`control.calibration.recalibrate_from`) from its step-time
+metrics, and the calibration refitted online (`cost.calibration.recalibrate_from`) from its step-time
 histograms. The plan and the controller's starting model are the operator's, as under `specfleet up`:
 from the shipped measured profile where there is one, else the catalog's roofline.
 
@@ -29,12 +29,12 @@ from specfleet.operator import api
 from specfleet.operator.capacity import ServiceModel
 from specfleet.operator.catalogs import ProfileCatalog
 from specfleet.operator.control import autoscaler, coordinator, speculation
-from specfleet.operator.control.calibration import recalibrate_from
+from specfleet.operator.cost import recalibrate_from
 from specfleet.operator.control.window import Histogram, build_window, quantile
-from specfleet.operator.simulator.fleet import ITL_BUCKETS, Record, SimulatedFleet
-from specfleet.operator.simulator.run import setup_spec
-from specfleet.operator.simulator.trace import Trace
-from specfleet.operator.simulator.truth import acceptance_alpha, acceptance_shares
+from specfleet.sim.fleet import ITL_BUCKETS, Record, SimulatedFleet
+from specfleet.sim.run import setup_spec
+from specfleet.sim.trace import Trace
+from specfleet.sim.truth import acceptance_alpha, acceptance_shares
 
 MODES = ("auto", "on", "off")
 

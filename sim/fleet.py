@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specfleet.operator import perfmodel as pm
 from specfleet.operator.control import window as w
 from specfleet.operator.capacity import ServiceModel
-from specfleet.operator.simulator.truth import ProfileTruth
+from specfleet.operator.cost import Share, expected_tokens, share_at, share_per_token
+from specfleet.sim.truth import ProfileTruth
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)
@@ -95,7 +95,7 @@ class SimulatedFleet:
         self._now = 0.0
         self.cf_k = max(1, model.max_k)
         self.depths = max(PROPOSAL_DEPTHS, model.max_k)     # as the engine counts its proposal lengths
-        self._shares: pm.Share = 1.0
+        self._shares: Share = 1.0
         self._metrics()
         self.req = {key: np.zeros(0) for key in ("rep", "start", "arrival", "pleft", "oleft", "first", "worst", "olen")}
         self.queue_arrival, self.queue_out = np.zeros(0), np.zeros(0)
@@ -150,7 +150,7 @@ class SimulatedFleet:
         self.cf_k = max(1, k)
 
     # -- time ------------------------------------------------------------------------------------
-    def tick(self, t0: float, dt: float, rate: float, alpha: float, share: pm.Share = 1.0) -> None:
+    def tick(self, t0: float, dt: float, rate: float, alpha: float, share: Share = 1.0) -> None:
         """Advance `dt` seconds: arrivals at `rate`/s, acceptance `alpha`, a draft `share` (one, or one
         per depth 1, 2, ...) of the decoding sequence-steps' tokens drafted at each pod's depth."""
         self._now = t0 + dt
@@ -344,22 +344,22 @@ class SimulatedFleet:
         k x `share` tokens drafted per sequence-step (tokens_per_step - 1 accepted on average); while
         off, the n-gram guesses scored at the counterfactual depth; on or off, the fresh proposals'
         tokens at every depth: the tick's share at that depth per step while on, and while off per token
-        (`pm.share_per_token`: an engine that is not speculating proposes after every token)."""
+        (`cost.share_per_token`: an engine that is not speculating proposes after every token)."""
         on, off = pods[k > 0], pods[k <= 0]
         on_steps, off_steps = seq_steps[k > 0], seq_steps[k <= 0]
         self.c[w.SPEC_SEQ_STEPS][on] += on_steps
         self.c[w.DRAFTS][on] += on_steps * share[k > 0]
         self.c[w.DRAFT_TOKENS][on] += on_steps * share[k > 0] * k[k > 0]
         self.c[w.ACCEPTED_TOKENS][on] += on_steps * (tokens_per_step[k > 0] - 1)
-        cf_share = pm.share_at(self._shares, self.cf_k)
+        cf_share = share_at(self._shares, self.cf_k)
         self.c[w.CF_SEQ_STEPS][off] += off_steps
         self.c[w.CF_DRAFT_TOKENS][off] += off_steps * cf_share * self.cf_k
-        self.c[w.CF_ACCEPTED_TOKENS][off] += off_steps * (pm.expected_tokens(alpha, self.cf_k, cf_share) - 1)
+        self.c[w.CF_ACCEPTED_TOKENS][off] += off_steps * (expected_tokens(alpha, self.cf_k, cf_share) - 1)
         self.c[w.PROPOSAL_SEQ_STEPS][pods] += seq_steps
         for depth in range(1, self.depths + 1):
-            per_step = pm.share_at(self._shares, depth)       # the profile measured it speculating
+            per_step = share_at(self._shares, depth)          # the profile measured it speculating
             self.c[w.proposed_key(depth)][on] += on_steps * depth * per_step
-            self.c[w.proposed_key(depth)][off] += off_steps * depth * pm.share_per_token(per_step, alpha, depth)
+            self.c[w.proposed_key(depth)][off] += off_steps * depth * share_per_token(per_step, alpha, depth)
 
     def _finish(self, r) -> None:
         done = (r["oleft"] <= 1e-9) & ~np.isnan(r["first"])
@@ -428,13 +428,13 @@ def _hist(bounds, counts, total) -> w.Histogram:
     return w.Histogram(tuple(bounds), tuple(np.cumsum(counts).tolist()), float(total))
 
 
-def _share_by_pod(share: pm.Share, k: np.ndarray) -> np.ndarray:
+def _share_by_pod(share: Share, k: np.ndarray) -> np.ndarray:
     """Each pod's draft share at its depth (off pods: the share at depth 1, unused)."""
-    return np.array([pm.share_at(share, max(1, int(depth))) for depth in k], float)
+    return np.array([share_at(share, max(1, int(depth))) for depth in k], float)
 
 
 def _expected(alpha: float, k: np.ndarray, share: float | np.ndarray = 1.0) -> np.ndarray:
-    """Tokens per sequence-step at depth `k` (vectorized `pm.expected_tokens`): a `share` drafts."""
+    """Tokens per sequence-step at depth `k` (vectorized `cost.expected_tokens`): a `share` drafts."""
     full = k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
     return share * full + (1 - share)          # = 1 + share x (full - 1), and exactly `full` at share 1
 

@@ -107,7 +107,8 @@ class LLMEngine:
         c = self.config
         slots = LoRASlots(loaded.model, c.max_loras, c.max_lora_rank, self.dtype, self.device)
         names = tuple(n for n in (c.model, str(loaded.path), c.served_model_name) if n)
-        return LoRAManager(slots, loaded.model.shape, c.max_lora_rank, c.max_cpu_loras, names)
+        return LoRAManager(slots, loaded.model.shape, c.max_lora_rank, c.max_cpu_loras, names,
+                           lambda: {seq.lora_id for seq in self.requests.values() if seq.lora_id})
 
     def _build_speculator(self, num_blocks: int) -> Speculator:
         draft = None

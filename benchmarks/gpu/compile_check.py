@@ -12,13 +12,15 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 
+from specfleet.engine.kernels.lora import _lora_expand_kernel, _lora_shrink_kernel
 from specfleet.engine.kernels.paged_attention import _paged_attention_kernel, launch_config
 from specfleet.engine.kernels.reshape_and_cache import _reshape_and_cache_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 ATTENTION_POINTERS = ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")
 INDEX_POINTERS = {"block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32", "context_lens_ptr": "*i32",
-                  "slot_ptr": "*i64"}
+                  "slot_ptr": "*i64", "order_ptr": "*i32", "starts_ptr": "*i32", "counts_ptr": "*i32",
+                  "xa_ptr": "*fp32"}
 
 
 def signature(kernel, dtype: str, constants: dict) -> dict:
@@ -62,7 +64,22 @@ def main(quick: bool) -> int:
     except Exception as exc:
         failures += 1
         print(f"reshape_and_cache bf16: FAILED {exc}")
-    return 1 if failures else 0
+    return 1 if failures + lora_kernels() else 0
+
+
+def lora_kernels() -> int:
+    """The multi-LoRA shrink and expand (engine/kernels/lora.py) at rank 16 x 3 parts; failures."""
+    failures = 0
+    for dtype in ("bf16", "fp32"):
+        for kernel, tile in ((_lora_shrink_kernel, "BLOCK_K"), (_lora_expand_kernel, "BLOCK_N")):
+            constants = {"BLOCK_M": 16, "BLOCK_R": 64, tile: 64, "FP32_DOT": dtype == "fp32"}
+            try:
+                compiled = compile_kernel(kernel, dtype, constants)
+                print(f"{kernel.fn.__name__} {dtype}: shared {compiled.metadata.shared} B")
+            except Exception as exc:
+                failures += 1
+                print(f"{kernel.fn.__name__} {dtype}: FAILED {exc}")
+    return failures
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 (`specfleet gateway run`).
 
 routing.py  routes from InferenceServices, Services and Pods; the balancer (pure)
+adapters.py LoRA adapters: declared per service, served per pod, the service a request's adapter names (pure)
 holding.py  requests held while a service has no ready replica, bounded per service and in time
 keys.py     API keys from files and a watched Secret (the engine's constant-time comparison)
 metrics.py  Prometheus metrics
 follow.py   list-then-watch of the API; the held-requests annotation the operator watches
-queues.py   the engines' prefill queues, polled from their /metrics
+queues.py   the engines' prefill queues and served adapters, polled from their /metrics
 connect.py  in-cluster or kubeconfig connection to the API server
 proxy.py    `Gateway`: the HTTP handlers, holding, retries, streaming
 """

@@ -6,6 +6,14 @@ Failures: a connection error, a reset, or a 429/502/503/504 before the first byt
 retried on another pod (up to `max_attempts`) and the failing pod is ejected for a moment; a draining
 engine answers 503, so a scale-down costs a retry, not the request. Non-streaming answers are forwarded
 only once complete; streams start only once the first chunk arrived.
+
+LoRA adapters (`adapters`): a request whose `model` names an adapter goes to a pod serving it. When none
+does yet but the service declares it, the request waits (held, up to `adapter_wait_s` once the service has
+ready pods) for the operator to load it: the gateway cannot load it itself, as the admin token is a
+per-service Secret only the operator reads and the adapter's folder is resolved in the pod. After the
+wait it goes to any pod by load. A pod that answers 404 (or `lora_adapter_unavailable`) for the adapter
+is retried like a 503, without being ejected. A `model` that is neither a served model nor an adapter a
+service declares or a pod serves, also after the next poll of the pods, is 404 `model_not_found`.
 """
 from __future__ import annotations
 
@@ -43,15 +51,31 @@ class GatewayConfig:
     api_keys: ApiKeys = field(default_factory=ApiKeys)
     gateway_id: str = "local"               # names this replica's held-requests annotation
     announce_held: bool = True              # write that annotation (needs `patch` on inferenceservices)
+    adapter_wait_s: float = 10.0            # longest a request for a declared adapter waits for a pod serving it
 
     def __post_init__(self) -> None:
-        if not 0 < self.port < 65536 or self.max_attempts < 1:
-            raise ValueError("port must be 1..65535 and max attempts at least 1")
+        if not 0 < self.port < 65536 or self.max_attempts < 1 or self.adapter_wait_s < 0:
+            raise ValueError("port must be 1..65535, max attempts at least 1 and the adapter wait >= 0")
         Holds(self.max_held, self.hold_timeout_s, self.retry_after_s)     # validates the hold bounds
 
 
-def openai_error(status: int, message: str, kind: str, code: str, headers: dict | None = None) -> web.Response:
-    return web.json_response(error_body(message, kind, None, code), status=status, headers=headers)
+def openai_error(status: int, message: str, kind: str, code: str, headers: dict | None = None,
+                 param: str | None = None) -> web.Response:
+    return web.json_response(error_body(message, kind, param, code), status=status, headers=headers)
+
+
+def model_not_found(model: str) -> web.Response:
+    """OpenAI's answer (and the engine's) for an unknown model: 404, `param` "model", `model_not_found`."""
+    shown = model if len(model) <= 100 else model[:100] + "..."
+    return openai_error(404, f"The model `{shown}` does not exist; GET /v1/models lists the served models and "
+                        "adapters.", "invalid_request_error", "model_not_found", param="model")
+
+
+def adapter_missing(result: web.StreamResponse, adapter: str | None) -> bool:
+    """A pod's answer that it lacks the adapter (unloaded meanwhile, or its folder gone): try another pod."""
+    if adapter is None or not isinstance(result, web.Response):
+        return False
+    return result.status == 404 or (result.status == 500 and b"lora_adapter_unavailable" in (result.body or b""))
 
 
 class Gateway:
@@ -68,6 +92,8 @@ class Gateway:
         self.synced = False
         self.draining = False
         self.changed = asyncio.Event()
+        self.polled = asyncio.Event()           # set (and replaced) after each poll of the pods
+        self.poll_rounds = 0
         self.session: aiohttp.ClientSession | None = None
         self.runner: web.AppRunner | None = None
         self.announcer: follow.Announcer | None = None
@@ -96,7 +122,7 @@ class Gateway:
         await self.runner.setup()
         await web.TCPSite(self.runner, self.host, self.port, reuse_address=True).start()
         self._tasks = [asyncio.create_task(self._follow()), asyncio.create_task(queues.poll_forever(
-            self.session, self.balancer))]
+            self.session, self.balancer, self._polled))]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -125,8 +151,27 @@ class Gateway:
         self.synced = True
         for route in self.balancer.routes.values():
             self.metrics.endpoints.labels(*labels(route.key)).set(len(route.endpoints))
+        self._wake_held()
+
+    def _wake_held(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def _polled(self, adapters_changed: bool) -> None:
+        if adapters_changed:
+            self._wake_held()
+        self.poll_rounds += 1
+        self.polled.set()
+        self.polled = asyncio.Event()
+
+    async def _after_fresh_poll(self, timeout_s: float = 2.0) -> None:
+        """Wait until a poll that started after now has finished (the one under way may predate a load)."""
+        target, deadline = self.poll_rounds + 2, time.monotonic() + timeout_s
+        while self.poll_rounds < target and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(self.polled.wait(), deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                return
 
     def _set_secret(self, secret: dict | None) -> None:
         self.keys.secret_keys = keys_in_secret(secret)
@@ -161,9 +206,16 @@ class Gateway:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [{"id": model, "object": "model", "created": 0, "owned_by": "specfleet",
+        """Each served model, then each adapter with its service's model as `parent` (as vLLM lists them);
+        an adapter's `readyReplicas` counts the pods serving it."""
+        data = [{"id": model, "object": "model", "created": 0, "owned_by": "specfleet", "parent": None,
                  "specfleet": {"inferenceService": r.key, "readyReplicas": len(r.endpoints)}}
                 for model, r in sorted(self.routes.items())]
+        for name, r in sorted(self.balancer.adapters().items()):
+            holders = sum(name in self.balancer.served.get(e.url, ()) for e in r.endpoints)
+            data.append({"id": name, "object": "model", "created": 0, "owned_by": "specfleet", "parent": r.model,
+                         "specfleet": {"inferenceService": r.key, "readyReplicas": holders,
+                                       "declared": name in r.adapters}})
         return web.json_response({"object": "list", "data": data})
 
     async def not_found(self, request: web.Request) -> web.Response:
@@ -179,28 +231,50 @@ class Gateway:
             self.metrics.requests.labels("", "", "400").inc()
             return openai_error(400, "the body must be a JSON object with a string `model` field",
                                 "invalid_request_error", "invalid_body")
-        route = self.routes.get(body["model"])
-        if route is None:
+        found = self.balancer.resolve(body["model"])
+        if found is None and self.balancer.urls():
+            await self._after_fresh_poll()                 # an adapter loaded a moment ago: not a miss
+            found = self.balancer.resolve(body["model"])
+        if found is None:
             self.metrics.requests.labels("", "", "404").inc()
-            return openai_error(404, "the requested model does not exist; GET /v1/models lists the served ones",
-                                "invalid_request_error", "model_not_found")
+            return model_not_found(body["model"])
+        route, adapter = found
         self.stats["requests"] += 1
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]
-        response = await self._forward(request, raw, headers, route, prefix_key(body), bool(body.get("stream")))
+        response = await self._forward(request, raw, headers, route, adapter, prefix_key(body),
+                                       bool(body.get("stream")))
         self.metrics.requests.labels(*labels(route.key), str(response.status)).inc()
         return response
 
-    async def _forward(self, request, raw, headers, route: Route, key, stream) -> web.StreamResponse:
+    def _picker(self, model: str, adapter: str | None, key: str | None):
+        """`pick(exclude)` for one request. For a declared adapter: only pods serving it, until `adapter_wait_s`
+        after the service first had a ready pod; then (and at once for an adapter no service declares, which
+        nothing will load) pods serving it first, else any pod, whose own answer then counts."""
+        strict_until: float | None = None
+
+        def pick(exclude: set[str]) -> Endpoint | None:
+            nonlocal strict_until
+            route = self.balancer.routes.get(model)
+            declared = route is not None and adapter in route.adapters
+            if declared and strict_until is None and route.endpoints:
+                strict_until = time.monotonic() + self.config.adapter_wait_s
+            strict = declared and (strict_until is None or time.monotonic() < strict_until)
+            return self.balancer.pick(model, key, exclude, adapter, strict)
+        return pick
+
+    async def _forward(self, request, raw, headers, route: Route, adapter: str | None, key,
+                       stream) -> web.StreamResponse:
         model, arrived = route.model, time.monotonic()
         deadline, tried, attempts = arrived + self.config.hold_timeout_s, set(), 0
         last: web.Response | None = None
+        pick = self._picker(model, adapter, key)
         while attempts < self.config.max_attempts:
-            endpoint = self.balancer.pick(model, key, tried) or self.balancer.pick(model, key, set())
+            endpoint = pick(tried) or pick(set())
             if endpoint is None:
                 try:
-                    await self.holds.until(route.key, lambda: self.balancer.pick(model, key, set()) is not None,
+                    await self.holds.until(route.key, lambda: pick(set()) is not None,
                                            lambda: self.changed, deadline)
                 except HoldRefused as refused:
                     self.stats["failed"] += 1
@@ -213,15 +287,16 @@ class Gateway:
                 self.stats["retries"] += 1
                 self.metrics.retries.labels(*labels(route.key)).inc()
             attempts += 1
-            result = await self._try(request, endpoint, raw, headers, stream, tried)
-            if isinstance(result, web.Response) and result.status in RETRY_STATUS:
+            result = await self._try(request, endpoint, raw, headers, stream, tried, adapter)
+            if isinstance(result, web.Response) and (result.status in RETRY_STATUS or adapter_missing(result, adapter)):
                 last = result
                 continue
             return result
         self.stats["failed"] += 1
         return last or openai_error(503, f"no replica of `{model}` answered", "service_unavailable", "upstream_failed")
 
-    async def _try(self, request, endpoint: Endpoint, raw, headers, stream, tried: set[str]) -> web.StreamResponse:
+    async def _try(self, request, endpoint: Endpoint, raw, headers, stream, tried: set[str],
+                   adapter: str | None = None) -> web.StreamResponse:
         """One upstream attempt; a response that is worth a retry elsewhere marks the pod tried (and ejects
         it when it is gone or draining)."""
         self.balancer.started(endpoint.url)
@@ -238,6 +313,9 @@ class Gateway:
             tried.add(endpoint.url)
             if result.status == 503:
                 self.balancer.eject(endpoint.url)
+        elif adapter_missing(result, adapter):
+            tried.add(endpoint.url)
+            self.balancer.forget(endpoint.url, adapter)
         return result
 
     async def _attempt(self, request, endpoint: Endpoint, raw, headers, stream) -> web.StreamResponse:

@@ -10,7 +10,11 @@ of the shortest queue and of the least outstanding requests, so repeated prefixe
 blocks are cached. Waiting = the engine's `vllm:num_requests_waiting` at the last poll plus the
 requests sent to it since (an endpoint picker's queue-depth scorer). Balancing by outstanding requests
 alone hands a pod that just became ready every arrival until it holds as many as the others, and the
-prompts pile up in its prefill queue. Nothing here does I/O.
+prompts pile up in its prefill queue.
+
+LoRA adapters (`adapters`): a `model` naming an adapter goes to that adapter's service, and among its pods
+to those that serve the adapter (then as above). While none does, `pick` finds nothing (the gateway
+waits for the operator to load it) unless `strict` is off (then any pod, by load). Nothing here does I/O.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+
+from specfleet.cluster.gateway.adapters import adapter_routes, declared_adapters
 
 AFFINITY_SLACK = 2
 PREFIX_CHARS = 256
@@ -37,6 +43,7 @@ class Route:
     service: str
     model: str
     endpoints: list[Endpoint] = field(default_factory=list)
+    adapters: tuple[str, ...] = ()                 # declared in spec.adapters
 
     @property
     def key(self) -> str:
@@ -88,7 +95,7 @@ def routes_from(services: list[dict], k8s_services: list[dict], pods: list[dict]
     for isvc in sorted(services, key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"])):
         meta = isvc["metadata"]
         model = ((isvc.get("spec") or {}).get("model") or {}).get("name") or meta["name"]
-        route = Route(meta["namespace"], meta["name"], model)
+        route = Route(meta["namespace"], meta["name"], model, adapters=declared_adapters(isvc))
         svc = svc_index.get((meta["namespace"], meta["name"]))
         if svc is not None:
             selector = svc["spec"].get("selector") or {}
@@ -114,12 +121,34 @@ class Balancer:
     waiting: dict[str, float] = field(default_factory=dict)   # engine's waiting gauge at the last poll
     sent: dict[str, int] = field(default_factory=dict)        # requests sent since that poll
     ejected: dict[str, float] = field(default_factory=dict)   # url -> monotonic time it may return
+    served: dict[str, frozenset[str]] = field(default_factory=dict)   # url -> adapters it serves (last poll)
+    _index: tuple = field(default=(None, None, None), init=False, repr=False, compare=False)   # resolve's cache
 
-    def pick(self, model: str, key: str | None, exclude: set[str]) -> Endpoint | None:
+    def resolve(self, model: str) -> tuple[Route, str | None] | None:
+        """The route of a request's `model` and the adapter it names (None: the base model); None: unknown."""
+        if model in self.routes:
+            return self.routes[model], None
+        index = self.adapters()
+        return (index[model], model) if model in index else None
+
+    def adapters(self) -> dict[str, Route]:
+        """adapter name -> its route (`adapters.adapter_routes`), recomputed when routes or `served` change."""
+        routes, served, index = self._index
+        if routes is not self.routes or served is not self.served:
+            index = adapter_routes(self.routes, self.served)
+            self._index = (self.routes, self.served, index)
+        return index
+
+    def pick(self, model: str, key: str | None, exclude: set[str], adapter: str | None = None,
+             strict: bool = True) -> Endpoint | None:
+        """A pod of `model`'s route; with `adapter`, one serving it (or, not `strict`, any when none does)."""
         now = time.monotonic()
         route = self.routes.get(model)
         candidates = [e for e in (route.endpoints if route else [])
                       if e.url not in exclude and self.ejected.get(e.url, 0) <= now]
+        if adapter is not None:
+            holding = [e for e in candidates if adapter in self.served.get(e.url, ())]
+            candidates = holding if holding or strict else candidates
         if not candidates:
             return None
         queued = {e.url: self.waiting.get(e.url, 0.0) + self.sent.get(e.url, 0) for e in candidates}
@@ -139,6 +168,10 @@ class Balancer:
 
     def finished(self, url: str) -> None:
         self.outstanding[url] = self.outstanding.get(url, 1) - 1
+
+    def forget(self, url: str, adapter: str) -> None:
+        """The pod answered that it lacks `adapter`: stop preferring it until a poll says otherwise."""
+        self.served = {**self.served, url: self.served.get(url, frozenset()) - {adapter}}
 
     def eject(self, url: str, seconds: float = EJECT_S) -> None:
         self.ejected[url] = time.monotonic() + seconds

@@ -129,7 +129,7 @@ void silu_rows(const torch::Tensor& x, int64_t rows, int64_t d, torch::Tensor& o
     // Two passes over the row (in L1), not one: in `gate / (1 + exp(-gate))` GCC turns exp's input clamp
     // into a second branch, gate / (1 + exp(88.3)), computed for every lane and blended; that quotient is
     // subnormal for every ordinary gate, and each subnormal result costs a microcode assist (~11x slower
-    // at 8 to 2,048 rows: benchmarks/silu_kernel.py). Stored first, exp's result is opaque to the division.
+    // at 8 to 2,048 rows: commit 8e89f63's benchmarks/silu_kernel.py). Stored first, exp's result is opaque to the division.
 #pragma omp simd
     for (int64_t i = 0; i < d; ++i) e[i] = specfleet_vec::exp(-widen(gate[i]));
 #pragma omp simd

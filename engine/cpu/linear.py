@@ -1,12 +1,12 @@
 """Linear layers with oneDNN-prepacked weights: the CPU path for the model's projections and LM head.
 
 MKL's sgemm (what `F.linear` runs on CPU) is slow on the tall, narrow LM head; oneDNN takes the weight
-in its blocked layout, packed once here (`benchmarks/cpu_backend.py` measures both). fp32 and bf16 weights
+in its blocked layout, packed once here (`benchmarks/kernels/cpu_backend.py` measures both). fp32 and bf16 weights
 are packed (bf16 runs oneDNN's AVX512-BF16 / AMX kernels where the CPU has them); anything else keeps
 `nn.Linear`. A decode step's few rows stream each weight once, and there oneDNN reaches about half of
 what memory gives, so the extension keeps a second copy for them: output panels (`linear_panels.cpp`)
-on AVX-512 CPUs, the plain weight for `linear_small` elsewhere (`benchmarks/linear_panels.py` measures
-the three). Up to how many rows that pays differs by CPU, kernel and shape, so `calibrate_small_rows`
+on AVX-512 CPUs, the plain weight for `linear_small` elsewhere (commit `e6490e9`'s `benchmarks/linear_panels.py`
+measured the three). Up to how many rows that pays differs by CPU, kernel and shape, so `calibrate_small_rows`
 times both on the model's own weights when it loads, once per machine: `RowLimitStore` keeps what it
 measured for every later process.
 """

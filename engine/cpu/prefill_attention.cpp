@@ -45,7 +45,7 @@ constexpr int64_t KEYS = 16;         // keys per slab
 constexpr int R = 6;                 // rows computed together: 12 accumulators hide FMA latency and fit AVX2's 16
                                      // registers with the two key (or value) vectors and the broadcast; 4 rows ran
                                      // 11-13% slower, 8 only 3-5% faster on AVX-512 and past AVX2's registers
-                                     // (benchmarks/prefill_kernel_rows.py)
+                                     // (commit 3cbc3dc's benchmarks/prefill_kernel_rows.py)
 
 struct Shape {
   int64_t num_seqs, query_len, q_heads, kv_heads, head_dim, block_size, table_stride;
@@ -135,7 +135,8 @@ inline void weigh_strip(const float* p, int64_t stride, const T* const* values, 
 // Row scores [0, visible) -> softmax numerators, [visible, padded) -> 0; returns the numerators' sum.
 // The scores are computed for whole slabs, so the row is taken to the slab's end in vector code and the
 // keys past `visible` are zeroed there: with vec_math's softmax over [0, visible), whose ragged tail is a
-// scalar loop, the bf16 kernel took 1.04-1.08x the time (docs/benchmarks.md, "Prefill attention in bf16 pairs").
+// scalar loop, the bf16 kernel took 1.04-1.08x the time
+// (commit 3c32813's docs/benchmarks.md, "Prefill attention in bf16 pairs").
 // The float path's; the bf16 path has its own in AVX-512 (`bf16::softmax_row_bf16`).
 inline float softmax_row(float* row, int64_t visible, int64_t padded) {
   const int64_t slabs_end = steps_of(visible) * KEYS;
@@ -196,7 +197,7 @@ void attend_tile(const Shape& s, int64_t seq, int64_t kv, int64_t tile, const T*
 // second product (as GPU flash attention rounds P), while their sum stays in float.
 // Blocks of R rows as in the float path, 64 columns of sums in registers at a time, and the softmax
 // base-2 in AVX-512 with a short polynomial, its error far below the bf16 rounding of the numerators
-// (docs/benchmarks.md, "Prefill attention: row blocks from scores to output").
+// (commit 7df7c77's docs/benchmarks.md, "Prefill attention: row blocks from scores to output").
 namespace bf16 {
 
 constexpr int64_t PAIRS = KEYS / 2;   // key pairs per slab

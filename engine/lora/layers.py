@@ -6,12 +6,13 @@ down_proj) in `LoRALinear`, which keeps for every slot A [slots, parts * r_max, 
 the rank: part i (q, k, v or gate, up) owns rank rows [i * r_max, i * r_max + r) of A and writes only its
 own output columns through B^T, so the fused LoRA is block-diagonal and exactly the sum of the parts.
 
-Each step `LoRABatch.set` turns the per-token slot indices (-1: base) into a one-hot [tokens, slots];
-`TorchLoRAOps.add_lora` then computes y += mask(x @ A_all^T) @ B^T_all: two GEMMs over all slots, no
-gather, no host sync and the same shapes whichever adapters the rows use. It does `slots` times the ideal
-LoRA FLOPs (small: slots * r_max is a few percent of a projection's width); a segmented kernel (Punica's
-SGMV / BGMV in triton) is the later GPU step and plugs in as another `ops` object with the same
-`add_lora`. Steps where no row has an adapter skip the op; an engine without LoRA never wraps anything.
+Each step `LoRABatch.set` hands the per-token slot indices (-1: base) to the ops object's `prepare` once;
+every projection's `add_lora` then reads that state. On CPU (`TorchLoRAOps`) the state groups the adapter
+rows by slot, padded to the longest group (`RowGroups`), and a projection costs one gather, two batched
+GEMMs over the slots in use (x_g @ A[slot]^T, then @ B^T[slot]) and one index_add into y: close to the ideal
+LoRA FLOPs for a decode batch spread over adapters, never more than one GEMM over every slot per row, and
+no per-adapter Python loop. On CUDA `engine/kernels/lora.py` (Punica's SGMV idea in triton) does the same
+per slot segment. Steps where no row has an adapter skip the op; an engine without LoRA wraps nothing.
 """
 from __future__ import annotations
 
@@ -28,17 +29,80 @@ FUSED_PARTS = {"qkv_proj": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o_pro
                "gate_up_proj": ("mlp", ("gate_proj", "up_proj")), "down_proj": ("mlp", ("down_proj",))}
 
 
+@dataclass(frozen=True)
+class RowGroups:
+    """A step's adapter rows grouped by slot, each group padded to the longest: group g is slot lo + g."""
+    lo: int
+    hi: int                     # slots lo..hi-1 (a contiguous view of the slot tensors, no copy)
+    length: int                 # rows per group
+    rows: torch.Tensor          # [(hi - lo) * length] token row of each grouped row; padding reads row 0
+    valid: torch.Tensor         # [hi - lo, length, 1] 1 for a real row, 0 for padding
+    inverse: torch.Tensor       # [tokens] each token's grouped row; a base row's is a padding row (all zero)
+
+
 class TorchLoRAOps:
-    """The reference LoRA op in plain torch; a GPU kernel is another object with the same `add_lora`."""
+    """The LoRA op in plain torch (CPU); `engine/kernels/lora.py`'s `TritonLoRAOps` is the CUDA one.
+
+    An ops object has `prepare(token_slots, num_slots, dtype)`, run once per step, whose result every
+    projection's `add_lora(y, x, lora_a, lora_bt, state)` reads."""
+
+    @staticmethod
+    def prepare(token_slots: torch.Tensor, num_slots: int, dtype: torch.dtype) -> RowGroups | None:
+        """None when no row has an adapter (the op is skipped)."""
+        ids = torch.nonzero(token_slots >= 0).squeeze(1)
+        if ids.numel() == 0:
+            return None
+        slots = token_slots[ids]
+        order = torch.argsort(slots, stable=True)
+        ids, slots = ids[order], slots[order]
+        lo, hi = int(slots[0]), int(slots[-1]) + 1
+        counts = torch.bincount(slots - lo, minlength=hi - lo)
+        length = int(counts.max())
+        if len(ids) < len(token_slots) and (hi - lo) * length == len(ids):
+            length += 1                             # base rows need a padding row to read their zero from
+        starts = torch.cumsum(counts, 0) - counts
+        flat = (slots - lo) * length + torch.arange(len(ids), device=ids.device) - starts[slots - lo]
+        return TorchLoRAOps._groups(lo, hi, length, ids, flat, len(token_slots), dtype)
+
+    @staticmethod
+    def _groups(lo: int, hi: int, length: int, ids: torch.Tensor, flat: torch.Tensor, tokens: int,
+                dtype: torch.dtype) -> RowGroups:
+        rows = torch.zeros((hi - lo) * length, dtype=torch.long, device=ids.device).index_put_((flat,), ids)
+        valid = torch.zeros((hi - lo) * length, dtype=dtype, device=ids.device)
+        valid[flat] = 1
+        padding = torch.nonzero(valid == 0)
+        inverse = torch.full((tokens,), int(padding[0]) if len(padding) else 0, dtype=torch.long, device=ids.device)
+        inverse[ids] = flat
+        return RowGroups(lo, hi, length, rows, valid.view(hi - lo, length, 1), inverse)
 
     @staticmethod
     def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
-                 onehot: torch.Tensor) -> torch.Tensor:
-        """y += B[slot] @ A[slot] @ x per row. lora_a: [slots, R, in], lora_bt: [slots, R, out],
-        onehot: [tokens, slots] (a zero row: the base model)."""
-        slots, rank, fan_in = lora_a.shape
-        xa = (x @ lora_a.view(slots * rank, fan_in).T).view(-1, slots, rank) * onehot.unsqueeze(-1)
-        return y.addmm_(xa.view(-1, slots * rank), lora_bt.view(slots * rank, -1))
+                 groups: RowGroups, parts: tuple[int, ...] | None = None) -> torch.Tensor:
+        """y += B[slot] @ A[slot] @ x per adapter row, in place. lora_a: [slots, R, in], lora_bt: [slots, R, out];
+        `parts`: the output widths of a fused projection's parts, each owning an equal share of R (None: one).
+        Each part reads only its own block of B^T: on CPU the slot tensors' bytes, not the FLOPs, are the cost.
+        Every row of y gets its grouped row's delta added, a base row an exact zero, so its value is kept.
+        (A gather back and a dense add: index_add_ into y costs several times more on CPU.)"""
+        g, length = groups.hi - groups.lo, groups.length
+        xg = x.index_select(0, groups.rows).view(g, length, -1)
+        xa = torch.bmm(xg, lora_a[groups.lo:groups.hi].transpose(1, 2)).mul_(groups.valid)
+        parts = parts or (lora_bt.shape[2],)
+        rank, column = lora_a.shape[1] // len(parts), 0
+        for i, width in enumerate(parts):
+            bt = lora_bt[groups.lo:groups.hi, i * rank:(i + 1) * rank, column:column + width]
+            delta = torch.bmm(xa[:, :, i * rank:(i + 1) * rank], bt).view(g * length, width)
+            y[:, column:column + width].add_(delta.index_select(0, groups.inverse))
+            column += width
+        return y
+
+
+def lora_ops(device: torch.device) -> type:
+    """The triton kernels for CUDA tensors, plain torch elsewhere."""
+    if torch.device(device).type == "cuda":
+        from specfleet.engine.kernels.lora import TritonLoRAOps
+
+        return TritonLoRAOps
+    return TorchLoRAOps
 
 
 @dataclass
@@ -46,24 +110,22 @@ class LoRABatch:
     """The step's rows -> slots, shared by every LoRALinear of the model."""
     num_slots: int
     ops: type = TorchLoRAOps
-    onehot: torch.Tensor | None = None      # [tokens, slots]; None: no row uses an adapter this step
+    state: object = None        # ops.prepare's result; None: no row uses an adapter this step
 
     def set(self, token_slots: torch.Tensor | None, dtype: torch.dtype) -> None:
-        if token_slots is None:
-            self.onehot = None
-            return
-        slots = torch.arange(self.num_slots, device=token_slots.device)
-        self.onehot = (token_slots.unsqueeze(1) == slots).to(dtype)
+        self.state = None if token_slots is None else self.ops.prepare(token_slots, self.num_slots, dtype)
 
 
 class LoRALinear(nn.Module):
     """base(x) plus each row's adapter; `base` is whatever the backend made of the projection."""
 
-    def __init__(self, base: nn.Module, batch: LoRABatch, rank: int, fan_in: int, fan_out: int,
+    def __init__(self, base: nn.Module, batch: LoRABatch, rank: int, fan_in: int, parts: tuple[int, ...],
                  dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.base = base
         self.batch = batch
+        self.parts = parts                  # output widths of the fused parts, each owning rank / len(parts)
+        fan_out = sum(parts)
         self.register_buffer("lora_a", torch.zeros(batch.num_slots, rank, fan_in, dtype=dtype, device=device),
                              persistent=False)
         self.register_buffer("lora_bt", torch.zeros(batch.num_slots, rank, fan_out, dtype=dtype, device=device),
@@ -71,9 +133,9 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        if self.batch.onehot is None:
+        if self.batch.state is None:
             return y
-        return self.batch.ops.add_lora(y, x, self.lora_a, self.lora_bt, self.batch.onehot)
+        return self.batch.ops.add_lora(y, x, self.lora_a, self.lora_bt, self.batch.state, self.parts)
 
 
 class LoRASlots:
@@ -81,7 +143,7 @@ class LoRASlots:
 
     def __init__(self, model: LlamaForCausalLM, num_slots: int, max_rank: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.batch = LoRABatch(num_slots)
+        self.batch = LoRABatch(num_slots, lora_ops(device))
         self.max_rank = max_rank
         self.dtype, self.device = dtype, device
         self.dims = projection_dims(model.shape)
@@ -92,8 +154,8 @@ class LoRASlots:
         for fused, (parent_name, parts) in FUSED_PARTS.items():
             parent = getattr(layer, parent_name)
             base = getattr(parent, fused)
-            fan_out = sum(self.dims[p][1] for p in parts)
-            module = LoRALinear(base, self.batch, len(parts) * self.max_rank, self.dims[parts[0]][0], fan_out,
+            widths = tuple(self.dims[p][1] for p in parts)
+            module = LoRALinear(base, self.batch, len(parts) * self.max_rank, self.dims[parts[0]][0], widths,
                                 self.dtype, self.device)
             setattr(parent, fused, module)
             wrapped[fused] = module

@@ -4,13 +4,17 @@
 arrives, so a bad adapter fails the request, not a later step. `activate` runs before each step: every
 adapter of the step's rows gets a slot, a free one or the least recently used one that no running
 sequence needs (the scheduler admits at most `max_loras` distinct adapters among running sequences, so
-one always exists). At most `max_cpu_loras` adapters stay on CPU (LRU); an evicted one is read again from
-its folder when it next needs a slot. `unregister` forgets an adapter (its slot and CPU copy); its int id is
+one always exists). At most `max_cpu_loras` adapters stay on CPU (LRU), but the adapters of requests in
+the engine (`in_use`) are never dropped: a request's adapter is on CPU from `register` until it ends, so
+`activate` never reads the disk and a folder deleted meanwhile cannot fail a step. An adapter dropped
+from CPU is read again from its folder when a new request names it; if that fails, that request is
+refused (`LoRAUnavailable`). `unregister` forgets an adapter (its slot and CPU copy); its int id is
 retired, never to name another adapter, since prefix-cache blocks stay keyed by it.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from specfleet.engine.lora.adapter import LoRAAdapter, LoRAError, load_adapter
 from specfleet.engine.lora.layers import LoRASlots
@@ -18,10 +22,15 @@ from specfleet.engine.lora.request import LoRARequest
 from specfleet.engine.model.llama import LlamaShape
 
 
+class LoRAUnavailable(LoRAError):
+    """A served adapter that was dropped from the CPU cache and can no longer be read from its folder."""
+
+
 class LoRAManager:
     def __init__(self, slots: LoRASlots, shape: LlamaShape, max_lora_rank: int, max_cpu_loras: int,
-                 base_names: tuple[str, ...] = ()) -> None:
+                 base_names: tuple[str, ...] = (), in_use: Callable[[], set[int]] = set) -> None:
         self.slots = slots
+        self.in_use = in_use                                    # ids of adapters that requests in the engine use
         self.shape = shape
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras
@@ -46,6 +55,7 @@ class LoRAManager:
             if (known.lora_name, known.lora_path) != (request.lora_name, request.lora_path):
                 raise LoRAError(f"lora_int_id {request.lora_int_id} already names adapter {known.lora_name!r} "
                                 f"at {known.lora_path}; each adapter needs its own id")
+            self._adapter(request.lora_int_id)               # on CPU before the request joins the engine
             return request.lora_int_id
         self._cache(request.lora_int_id, self._load(request))
         self.requests[request.lora_int_id] = request
@@ -85,15 +95,26 @@ class LoRAManager:
     def _adapter(self, lora_id: int) -> LoRAAdapter:
         adapter = self.cpu.get(lora_id)
         if adapter is None:
-            adapter = self._load(self.requests[lora_id])
+            adapter = self._reload(self.requests[lora_id])
         self._cache(lora_id, adapter)
         return adapter
 
+    def _reload(self, request: LoRARequest) -> LoRAAdapter:
+        try:
+            return self._load(request)
+        except (LoRAError, OSError) as exc:
+            raise LoRAUnavailable(f"LoRA adapter {request.lora_name!r} was dropped from the CPU cache "
+                                  f"(max_cpu_loras={self.max_cpu_loras}) and cannot be read again: {exc}") from None
+
     def _cache(self, lora_id: int, adapter: LoRAAdapter) -> None:
+        """Keep `adapter` on CPU; drop the least recently used ones beyond `max_cpu_loras`, except those in use."""
         self.cpu[lora_id] = adapter
         self.cpu.move_to_end(lora_id)
-        while len(self.cpu) > self.max_cpu_loras:
-            self.cpu.popitem(last=False)
+        excess = len(self.cpu) - self.max_cpu_loras
+        if excess > 0:
+            pinned = self.in_use() | {lora_id}
+            for victim in [i for i in self.cpu if i not in pinned][:excess]:
+                del self.cpu[victim]
 
     def _load(self, request: LoRARequest) -> LoRAAdapter:
         return load_adapter(request.lora_path, self.shape, self.max_lora_rank, self.base_names)

@@ -49,6 +49,7 @@ def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_
     access = Access(tuple(api_keys), admin_token)
     loras = LoRARegistry(engine.engine.model_name, enabled=engine.engine.config.enable_lora)
     lora_api.serve_lora_modules(engine.engine, loras, lora_modules)
+    metrics.loras = loras
     state = ServerState(engine, metrics, engine.engine.model_name, access, limits, loras)
     serving = OpenAIServing(state)
 

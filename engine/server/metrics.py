@@ -5,6 +5,8 @@ step; latency and per-step histograms are observed as they happen. Counters are 
 `_total` suffix (`vllm:prompt_tokens_total`), as vLLM and prometheus_client both do. With LoRA on,
 `vllm:lora_requests_info` carries vLLM's labels (the adapters of running and waiting requests, max_lora)
 and the time of the engine snapshot as its value; only the current label set is exported.
+`specfleet:lora_adapter_info` is 1 for every adapter the server serves, busy or not (the gateway routes
+adapter requests by it, from the same scrape as its queue depth).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ prometheus_client.disable_created_metrics()       # no `_created` series, as vLL
 
 if TYPE_CHECKING:
     from specfleet.engine.server.async_engine import AsyncEngine
+    from specfleet.engine.server.lora import LoRARegistry
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -72,6 +75,7 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry = registry or CollectorRegistry()
         self.engine: AsyncEngine | None = None
+        self.loras: LoRARegistry | None = None          # the served adapters (set by the app)
         r, label = self.registry, ["model_name"]
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               label, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
@@ -187,6 +191,7 @@ class _EngineCollector:
         yield from self._speculation(name, engine)
         if engine is not None and engine.engine.config.enable_lora:
             yield _lora_info(snap, engine.engine.config.max_loras)
+            yield _lora_adapters(name, self.metrics.loras)
 
     @staticmethod
     def _speculation(name: str, engine):
@@ -206,6 +211,14 @@ def _lora_info(snap, max_loras: int) -> GaugeMetricFamily:
     family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
                                labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
     family.add_metric([str(max_loras), ",".join(snap.waiting_loras), ",".join(snap.running_loras)], snap.taken_at)
+    return family
+
+
+def _lora_adapters(model_name: str, loras: "LoRARegistry | None") -> GaugeMetricFamily:
+    family = GaugeMetricFamily("specfleet:lora_adapter_info", "1 for each LoRA adapter the server serves, with "
+                               "its parent model.", labels=["model_name", "lora_name", "parent"])
+    for lora_name, served in sorted((loras.adapters if loras else {}).items()):
+        family.add_metric([model_name, lora_name, served.parent], 1.0)
     return family
 
 

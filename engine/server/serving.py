@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from specfleet.engine.engine import EngineOverloaded
+from specfleet.engine.lora.manager import LoRAUnavailable
 from specfleet.engine.outputs import RequestOutput
 from specfleet.engine.sampling_params import SamplingParams
 from specfleet.engine.server import openai_protocol as proto
@@ -238,6 +239,8 @@ class OpenAIServing:
                               code="rate_limit_exceeded", headers={"Retry-After": "1"}) from exc
         except EngineDead as exc:
             raise OpenAIError(503, str(exc), "service_unavailable_error", code="engine_dead") from exc
+        except LoRAUnavailable as exc:                 # the server's fault, not the request's
+            raise OpenAIError(500, str(exc), "server_error", "model", "lora_adapter_unavailable") from exc
         except ValueError as exc:
             raise proto.bad_request(str(exc), param) from exc
 

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from specfleet.engine import LLM, EngineConfig, LoRARequest, SamplingParams
 from specfleet.engine.lora.adapter import LoRAError
 from specfleet.engine.lora.layers import LoRABatch, LoRALinear, TorchLoRAOps
+from specfleet.engine.lora.manager import LoRAUnavailable
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 ENGINE = dict(num_kv_blocks=128, block_size=8, enable_lora=True, max_lora_rank=16)
@@ -39,7 +40,7 @@ def test_batched_op_adds_each_rows_own_adapter_and_nothing_to_base_rows():
     token_slots = torch.tensor([2, -1, 0, 2, 1, -1])
     batch = LoRABatch(slots)
     batch.set(token_slots, torch.float32)
-    out = TorchLoRAOps.add_lora(y.clone(), x, a, bt, batch.onehot)
+    out = TorchLoRAOps.add_lora(y.clone(), x, a, bt, batch.state)
     for t, s in enumerate(token_slots.tolist()):
         expected = y[t] if s < 0 else y[t] + (a[s] @ x[t]) @ bt[s]
         torch.testing.assert_close(out[t], expected)
@@ -184,3 +185,45 @@ def test_one_int_id_for_two_adapters_is_refused(strict_llm, adapters):
     with pytest.raises(LoRAError, match="lora_int_id 60 already names adapter 'first'"):
         strict_llm.generate([[1, 2, 3]], GREEDY,
                             lora_request=LoRARequest("second", 60, adapters["qv-rslora"].lora_path))
+
+
+# ---- adapters whose folder is gone ---------------------------------------------------------------------
+def _run(engine) -> dict[str, list[int]]:
+    """Step until idle; request id -> its tokens."""
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return tokens
+
+
+def test_in_flight_adapters_stay_on_cpu_so_a_deleted_folder_never_fails_a_step(tiny_llama, adapters, tmp_path):
+    """One slot and one CPU copy for two adapters: each request's adapter stays on CPU until the request ends,
+    so with both folders deleted the one that waits for the slot still runs (before: its folder was read again
+    inside the step, which raised and killed the engine loop)."""
+    prompt = list(range(10, 30))
+    a, b = (LoRARequest(name, i, shutil.copytree(adapters[name].lora_path, tmp_path / name))
+            for i, name in [(1, "all"), (2, "mlp")])
+    llm = LLM(tiny_llama, **ENGINE, max_loras=1, max_cpu_loras=1)
+    expected = {r.lora_name: llm.generate([prompt], GREEDY, lora_request=r)[0].token_ids for r in (a, b)}
+    for r in (a, b):
+        llm.engine.add_request(r.lora_name, prompt, GREEDY, lora_request=r)
+    assert set(llm.engine.lora.cpu) == {1, 2}                 # over max_cpu_loras while both are in use
+    for r in (a, b):
+        shutil.rmtree(r.lora_path)
+    assert _run(llm.engine) == expected
+
+
+def test_a_request_for_an_adapter_dropped_from_cpu_whose_folder_is_gone_fails_alone(tiny_llama, adapters, tmp_path):
+    prompt = list(range(10, 30))
+    gone = LoRARequest("gone", 1, shutil.copytree(adapters["all"].lora_path, tmp_path / "gone"))
+    other = adapters["mlp"]
+    llm = LLM(tiny_llama, **ENGINE, max_loras=1, max_cpu_loras=1)
+    llm.generate([prompt], GREEDY, lora_request=gone)
+    expected = llm.generate([prompt], GREEDY, lora_request=other)[0].token_ids     # drops `gone` from CPU
+    shutil.rmtree(gone.lora_path)
+    with pytest.raises(LoRAUnavailable, match="'gone' was dropped from the CPU cache .* cannot be read again"):
+        llm.engine.add_request("x", prompt, GREEDY, lora_request=gone)
+    assert not llm.engine.has_unfinished()
+    llm.engine.add_request("y", prompt, GREEDY, lora_request=other)
+    assert _run(llm.engine) == {"y": expected}

@@ -26,23 +26,31 @@ LABELS = {"app.kubernetes.io/instance": NAME}
 
 @dataclass
 class StandIn:
-    """One engine pod: answers chat completions with `status` (200: a completion), counts what it got."""
+    """One engine pod: answers chat completions with `status` (200: a completion), counts what it got. It
+    serves the base model and `adapters` (exported in /metrics as the engine does; others: 404)."""
 
     name: str
     status: int = 200
     delay_s: float = 0.0
     received: int = 0
+    adapters: set[str] = field(default_factory=set)
+    advertised: set[str] | None = None       # what /metrics says it serves (None: `adapters`)
     port: int = field(default_factory=free_port)
     runner: web.AppRunner | None = None
 
     async def start(self) -> "StandIn":
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_get("/metrics", lambda _r: web.Response(text="vllm:num_requests_waiting 0\n"))
+        app.router.add_get("/metrics", self.metrics)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
         return self
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        info = "".join(f'specfleet:lora_adapter_info{{model_name="{MODEL}",lora_name="{name}",parent="{MODEL}"}} 1.0\n'
+                       for name in sorted(self.adapters if self.advertised is None else self.advertised))
+        return web.Response(text="vllm:num_requests_waiting 0\n" + info)
 
     async def chat(self, request: web.Request) -> web.Response:
         self.received += 1
@@ -51,6 +59,10 @@ class StandIn:
             return web.json_response({"error": {"message": "draining", "type": "service_unavailable",
                                                 "param": None, "code": None}}, status=self.status)
         body = await request.json()
+        if body["model"] not in {MODEL, *self.adapters}:
+            return web.json_response({"error": {"message": f"The model `{body['model']}` does not exist.",
+                                                "type": "invalid_request_error", "param": "model",
+                                                "code": "model_not_found"}}, status=404)
         return web.json_response({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                                   "choices": [{"index": 0, "finish_reason": "stop",
                                                "message": {"role": "assistant", "content": self.name}}],
@@ -67,14 +79,24 @@ class Rig:
     async def add_pod(self, name: str, ready: bool = True, **kw) -> StandIn:
         stand_in = await StandIn(name, **kw).start()
         self.stand_ins.append(stand_in)
+        await self.add_pod_at(name, stand_in.port, ready)
+        return stand_in
+
+    async def add_pod_at(self, name: str, port: int, ready: bool = True) -> None:
+        """A Pod of the service whose engine listens on 127.0.0.1:`port`."""
         await self.api.create({"apiVersion": "v1", "kind": "Pod",
                                "metadata": {"name": name, "namespace": NS, "labels": LABELS},
                                "spec": {"containers": [{"name": "engine", "image": "x",
-                                                        "ports": [{"name": "http", "containerPort": stand_in.port}]}]}})
+                                                        "ports": [{"name": "http", "containerPort": port}]}]}})
         await self.api.patch("Pod", NS, name, {"status": {
             "phase": "Running", "podIP": "127.0.0.1",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}, "status")
-        return stand_in
+
+    async def declare(self, *adapters: str) -> None:
+        """Set the InferenceService's spec.adapters and wait until the gateway saw it."""
+        await self.api.patch("InferenceService", NS, NAME, {"spec": {"adapters": [
+            {"name": name, "source": f"adapters/{name}"} for name in adapters]}})
+        await self.until(lambda: self.gateway.routes[MODEL].adapters == adapters)
 
     async def post(self, body, path: str = "/v1/chat/completions", headers: dict | None = None,
                    timeout: float = 10.0) -> tuple[int, dict, dict]:

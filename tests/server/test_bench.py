@@ -26,21 +26,19 @@ def test_bench_serve_reports_latency_throughput_and_goodput(live_server, tmp_pat
 
 
 def test_goodput_parsing_and_slo_check():
-    import typer
-
-    from specfleet.cli.bench_cmds import RequestResult, meets, parse_goodput
+    from specfleet.cluster.loadgen import RequestResult, meets, parse_goodput
 
     slos = parse_goodput(["ttft:500", "itl:50 tpot:20"])
     assert slos == {"ttft": 0.5, "itl": 0.05, "tpot": 0.02}
     fast = RequestResult(ok=True, ttft_s=0.1, e2e_s=0.3, itl_s=[0.02] * 10, output_tokens=11)
     slow_gap = RequestResult(ok=True, ttft_s=0.1, e2e_s=0.3, itl_s=[0.01] * 9 + [0.11], output_tokens=11)
     assert meets(fast, slos) and not meets(slow_gap, slos)
-    with pytest.raises(typer.BadParameter):
+    with pytest.raises(ValueError, match="--goodput takes KEY:MS"):
         parse_goodput(["latency:5"])
 
 
 def test_summary_percentiles():
-    from specfleet.cli.bench_cmds import RequestResult, summarize
+    from specfleet.cluster.loadgen import RequestResult, summarize
 
     results = [RequestResult(ok=True, ttft_s=t / 1000, e2e_s=1.0, output_tokens=2) for t in range(1, 101)]
     summary = summarize(results + [RequestResult(ok=False, error="boom")], duration_s=10.0, slos={})
@@ -70,7 +68,7 @@ def test_bench_serve_takes_vllm_workload_knobs_on_both_endpoints(live_server, ti
 def test_random_dataset_prompts_are_random_token_ids_of_the_requested_length(tiny_llama):
     from transformers import AutoTokenizer
 
-    from specfleet.cli.bench_cmds import random_requests
+    from specfleet.cluster.loadgen import random_requests
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     requests = random_requests(tokenizer, 8, 20, 7, range_ratio=0.0, seed=1)
@@ -83,12 +81,21 @@ def test_random_dataset_prompts_are_random_token_ids_of_the_requested_length(tin
 
 
 def test_vllm_endpoint_paths_and_backend_select_the_endpoint():
-    import typer
-
-    from specfleet.cli.bench_cmds import endpoint_path
+    from specfleet.cluster.loadgen import endpoint_path
 
     assert endpoint_path("/v1/completions", "vllm") == "/v1/completions"
     assert endpoint_path("/v1/completions", "openai-chat") == "/v1/chat/completions"
     assert endpoint_path("chat", None) == "/v1/chat/completions"
-    with pytest.raises(typer.BadParameter):
+    with pytest.raises(ValueError):
         endpoint_path("/v1/embeddings", None)
+
+
+@pytest.mark.parametrize("option", [["--goodput", "latency:5"], ["--endpoint", "/v1/embeddings"],
+                                    ["--request-rate", "0"], ["--dataset-name", "sharegpt"]])
+def test_bench_serve_turns_a_bad_workload_option_into_a_usage_error_before_sending(option):
+    from specfleet.cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", "serve", "--base-url", "http://127.0.0.1:9", "--model", "m",
+                                      "--num-prompts", "1", *option])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value" in result.output

@@ -2,15 +2,19 @@
 load/unload at run time behind the admin token, vLLM's `lora_requests_info` metric."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shutil
 import subprocess
 import sys
+import threading
 
 import httpx
 import openai
 import pytest
 from lora_kit import build_adapters, peft_greedy
+from prometheus_client.parser import text_string_to_metric_families
+from testkit import held_after_first_token
 
 from specfleet.engine import LLM, LoRARequest, SamplingParams
 from specfleet.engine.server.lora import LoRAModule, parse_lora_module
@@ -133,11 +137,24 @@ def _rank_32(folder: str, tmp_path) -> str:
     return str(copy)
 
 
+def _edited(folder: str, tmp_path, **changes) -> str:
+    copy = tmp_path / "edited"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "adapter_config.json").read_text())
+    (copy / "adapter_config.json").write_text(json.dumps({**config, **changes}))
+    return str(copy)
+
+
 BAD = {  # case -> (call, status, code, message part)
     "not a PEFT folder": (lambda s, f, tmp: load(s, "x", str(tmp)), 400, "invalid_lora_adapter",
                           "not a PEFT adapter folder"),
     "rank above max": (lambda s, f, tmp: load(s, "x", _rank_32(f["mlp"], tmp)), 400, "invalid_lora_adapter",
                        "exceeds max_lora_rank=16"),
+    "a module the model lacks": (lambda s, f, tmp: load(s, "x", _edited(f["mlp"], tmp, target_modules=["fc1"])),
+                                 400, "invalid_lora_adapter", "modules the model has no LoRA slot for: ['fc1']"),
+    "another base model": (lambda s, f, tmp: load(s, "x", _edited(f["mlp"], tmp,
+                                                                  base_model_name_or_path="someone/other-model")),
+                           400, "invalid_lora_adapter", "trained on 'someone/other-model'"),
     "name already loaded": (lambda s, f, tmp: load(s, "all", f["mlp"]), 400, "lora_adapter_already_loaded",
                             "has already been loaded"),
     "the base model's name": (lambda s, f, tmp: load(s, "tiny", f["mlp"]), 400, "invalid_lora_name",
@@ -162,22 +179,88 @@ def test_a_bad_load_or_unload_is_refused_with_its_reason_and_nothing_is_lost(cli
     assert "x" not in server.state.loras.pending
 
 
+def test_more_adapters_than_slots_are_served_in_turns_and_none_is_lost(client, server, offline, folders):
+    """Two slots and a CPU cache of two, four adapters: all load, and concurrent requests for every one of them
+    and the base all finish with each adapter's own output (they wait for a slot, none is refused)."""
+    assert [load(server, name, folders[name]).status_code for name in ("mlp", "qv-rslora")] == [200, 200]
+    names = ["all", "qv", "mlp", "qv-rslora", None] * 2
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        texts = list(pool.map(lambda name: client.completions.create(
+            model=name or "tiny", prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text, names))
+    own = {"qv-rslora": "qv", "mlp": "mlp"}
+    assert texts == [offline(PROMPT, own.get(name, name), 8).text for name in names]
+    assert [unload(server, name).status_code for name in ("mlp", "qv-rslora")] == [200, 200]
+
+
+def test_an_adapter_whose_folder_is_gone_fails_its_requests_with_500_and_the_engine_serves_on(
+        client, server, offline, folders, tmp_path):
+    """The CPU cache (max_cpu_loras=2) drops `gone` once two other adapters ran; its folder deleted, a request
+    for it is refused in the OpenAI format and nothing else is affected (before: the step raised and the
+    engine loop died)."""
+    assert load(server, "gone", str(shutil.copytree(folders["mlp"], tmp_path / "gone"))).status_code == 200
+    client.completions.create(model="gone", prompt=PROMPT, max_tokens=2)
+    for name in ("all", "qv"):
+        client.completions.create(model=name, prompt=PROMPT, max_tokens=2)
+    shutil.rmtree(tmp_path / "gone")
+    with pytest.raises(openai.InternalServerError) as err:
+        client.completions.create(model="gone", prompt=PROMPT, max_tokens=2)
+    body = err.value.body
+    assert (body["code"], body["param"]) == ("lora_adapter_unavailable", "model")
+    assert "'gone' was dropped from the CPU cache" in body["message"] and "cannot be read again" in body["message"]
+    assert server.state.engine.alive
+    out = client.completions.create(model="all", prompt=PROMPT, max_tokens=8, temperature=0)
+    assert out.choices[0].text == offline(PROMPT, "all", 8).text
+    server.wait_idle()
+    assert unload(server, "gone").status_code == 200
+
+
+def test_loading_and_unloading_under_load_loses_no_request(client, server, offline, folders):
+    """Requests for the base and two adapters run without pause while other adapters are loaded, used and
+    unloaded: every one finishes 200 with its own output, and so does every request for a loaded adapter."""
+    expected = {name: offline(PROMPT, name, 6).text for name in ("all", "qv", "mlp", None)}
+    stop, results = threading.Event(), []
+
+    def hammer(name):
+        while not stop.is_set():
+            out = client.completions.create(model=name or "tiny", prompt=PROMPT, max_tokens=6, temperature=0)
+            results.append(out.choices[0].text == expected[name])
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        workers = [pool.submit(hammer, name) for name in ("all", "qv", None)]
+        try:
+            for cycle in range(3):
+                assert load(server, f"live{cycle}", folders["mlp"]).status_code == 200
+                out = client.completions.create(model=f"live{cycle}", prompt=PROMPT, max_tokens=6, temperature=0)
+                results.append(out.choices[0].text == expected["mlp"])
+                assert unload(server, f"live{cycle}").status_code == 200
+        finally:
+            stop.set()
+        for worker in workers:
+            worker.result()                         # re-raises any request that failed
+    assert len(results) >= 6 and all(results)
+    assert model_ids(client) == ["tiny", "all", "qv"]
+
+
 def test_unloading_an_adapter_in_use_is_409_and_the_metric_shows_it_running(client, server, folders):
     assert load(server, "busy", folders["mlp"]).status_code == 200
-    # ~1 s of tokens on the tiny model; the request holds the adapter from before its headers come back
-    stream = client.completions.create(model="busy", prompt=PROMPT, max_tokens=980, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True})
-    try:
-        refused = unload(server, "busy")
-        next(iter(stream))
-        metrics = httpx.get(f"{server.base_url}/metrics").text
-    finally:
-        stream.close()
+    with held_after_first_token(server):
+        # the request holds the adapter from before its headers come back
+        stream = client.completions.create(model="busy", prompt=PROMPT, max_tokens=64, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        try:
+            refused = unload(server, "busy")
+            next(iter(stream))
+            metrics = httpx.get(f"{server.base_url}/metrics").text
+        finally:
+            stream.close()
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "lora_adapter_in_use"
     assert "in flight" in refused.json()["error"]["message"]
     info = [line for line in metrics.splitlines() if line.startswith("vllm:lora_requests_info{")]
     assert len(info) == 1 and 'running_lora_adapters="busy"' in info[0] and 'max_lora="2"' in info[0]
     assert 'specfleet:lora_requests_total{lora_name="busy",model_name="tiny"} 1.0' in metrics
+    served = {(s.labels["lora_name"], s.labels["parent"]): s.value for family in text_string_to_metric_families(metrics)
+              if family.name == "specfleet:lora_adapter_info" for s in family.samples}
+    assert served == {("all", "tiny"): 1.0, ("qv", "tiny-base"): 1.0, ("busy", "tiny"): 1.0}   # idle ones too
     server.wait_idle()
     assert unload(server, "busy").status_code == 200
     assert "busy" not in server.engine.lora_names().values()

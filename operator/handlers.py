@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import httpx
 import kopf
 
-from specfleet.operator import api, catalogs, metrics_source, model_folder, plan_only, planner, render, status
-from specfleet.operator.control import discovery, loop, runner, scale_from_zero, scheduler, sources
+from specfleet.operator import adapters, api, catalogs, metrics_source, model_folder, plan_only, planner, render, status
+from specfleet.operator.control import adapter_sync, discovery, loop, runner, scale_from_zero, scheduler, sources
 from specfleet.operator.control.runner import now_iso
 from specfleet.operator.kube import FORBIDDEN_RETRY_S, Kube
 
@@ -68,7 +68,8 @@ def reconcile(body: dict, k: Kube, now: str) -> ReconcileOutcome:
     if spec.plan_only:
         return _plan_only(body, k, spec, result, replicas, live, now)
     applied = _apply(k, body, spec, result, replicas)
-    patch = status.planned(result, generation, selector, previous, now)
+    problems = adapters.problems(adapters.desired(spec), old.get("adapters") or [])
+    patch = status.planned(result, generation, selector, previous, now, problems)
     patch["desiredReplicas"] = replicas
     if old.get("plannedActions") is not None:
         patch["plannedActions"] = None          # merge patch: Serving does what it planned; drop the list
@@ -192,7 +193,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     async def publish_step(body: dict, outcome: runner.ControlOutcome) -> None:
         await asyncio.to_thread(publish, memo.kube, body, outcome)
 
-    memo.scheduler = scheduler.ControlScheduler(memo.engines, publish_step)
+    memo.adapters = adapter_sync.AdapterSync(memo.kube, memo.http)
+    memo.scheduler = scheduler.ControlScheduler(memo.engines, publish_step, after_interval=memo.adapters.run)
     memo.scheduler_task = asyncio.create_task(memo.scheduler.run())
 
 
@@ -206,7 +208,7 @@ def publish(k: Kube, body, outcome: ReconcileOutcome | runner.ControlOutcome) ->
     """The one writer of an InferenceService's status (only when something but timestamps changed), and
     the poster of its Events, both through `Kube`."""
     meta = body["metadata"]
-    if outcome.status and _changed(dict(body.get("status") or {}), outcome.status):
+    if outcome.status and status.changes(dict(body.get("status") or {}), outcome.status):
         k.patch_service_status(meta["namespace"], meta["name"], outcome.status)
     regarding = {"apiVersion": body.get("apiVersion", api.API_VERSION), "kind": body.get("kind", api.KIND),
                  "metadata": meta}
@@ -221,8 +223,13 @@ async def reconcile_service(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **
     k = memo.kube
     try:
         chosen = await _choose_pods_for_spec_scale_down(memo, _plain(body))
-        outcome = await asyncio.to_thread(reconcile, _plain(body), k, now_iso())
+        plain = _plain(body)
+        synced = await _sync_adapters(memo, plain)
+        outcome = await asyncio.to_thread(reconcile, plain, k, now_iso())
         outcome.events[:0] = chosen
+        if synced is not None:
+            outcome.status.update({key: v for key, v in synced.status.items() if key != "conditions"})
+            outcome.events += synced.events
         await asyncio.to_thread(publish, k, body, outcome)
     except Exception as exc:
         denied = k.forbidden(exc)
@@ -234,6 +241,16 @@ async def reconcile_service(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **
         # kopf's default for an arbitrary error is a flat 60 s; API trouble is retried sooner, doubling.
         raise kopf.TemporaryError(f"API server: {type(exc).__name__}: {str(exc)[:200]}",
                                   delay=retry_backoff(retry)) from exc
+
+
+async def _sync_adapters(memo: kopf.Memo, body: dict) -> runner.ControlOutcome | None:
+    """A spec change reaches the pods' adapters now, not at the next interval; the reconcile that follows
+    judges Degraded from the adapter status this run found (put into `body`)."""
+    meta = body["metadata"]
+    synced = await memo.adapters.run(body, memo.engines.pods(meta["namespace"], meta["name"]))
+    if synced is not None:
+        body["status"] = {**body["status"], **{key: v for key, v in synced.status.items() if key != "conditions"}}
+    return synced
 
 
 def report_forbidden(k: Kube, body: dict, message: str) -> None:
@@ -273,10 +290,11 @@ async def track_service(event: dict, body: kopf.Body, memo: kopf.Memo, **_) -> N
     key = (meta["namespace"], meta["name"])
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
         memo.scheduler.forget(key)
+        memo.adapters.forget(key)
         return
     if getattr(memo, "control", None) is None:
         memo.control = runner.ServiceControl(*key, memo.kube, memo.loop_config, memo.http, source=memo.source)
-    memo.scheduler.track(key, memo.control, lambda: _plain(body))
+    memo.scheduler.track(key, memo.control, scheduler.StoredBody.of(_plain(body)))
     held = scale_from_zero.held_requests(meta.get("annotations"))
     if held:
         await _wake(memo, key, _plain(body), held)
@@ -360,14 +378,6 @@ def _owner(body) -> str | None:
         if ref.get("kind") == api.KIND and ref.get("apiVersion", "").startswith(api.GROUP + "/"):
             return ref.get("name")
     return None
-
-
-def _changed(old: dict, new: dict) -> bool:
-    """Whether a status patch changes anything but condition timestamps."""
-    def strip(s: dict) -> dict:
-        conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in s.get("conditions") or []]
-        return {**{k: v for k, v in s.items() if k in new}, "conditions": conds}
-    return strip(old) != strip(new)
 
 
 def _plain(body) -> dict:

@@ -12,6 +12,11 @@ and retry every `FORBIDDEN_RETRY_S`.
 Every call has a timeout (`SPECFLEET_API_TIMEOUT` seconds, default 30): the client's default is none,
 so a hung API server would block a handler (and its worker thread) forever instead of failing it into
 kopf's retry.
+
+Responses the operator does not read are drained (`_release`), so their connections go back to the
+pool; the pool holds as many connections as there are threads that call it (`connection_pool_size`): kopf's handler workers and asyncio's default executor (`asyncio.to_thread`). The
+client's own default, five per CPU, is 10 on two CPUs; with more callers than that, every call beyond it
+opened a new TCP connection and threw it away afterwards.
 """
 from __future__ import annotations
 
@@ -26,6 +31,13 @@ MERGE = "application/merge-patch+json"
 EVENT_SOURCE = "specfleet-operator"
 DEFAULT_TIMEOUT_S = 30.0
 FORBIDDEN_RETRY_S = 60.0
+HANDLER_WORKERS = 16            # kopf's `settings.execution.max_workers` (handlers.configure)
+
+
+def connection_pool_size(workers: int = HANDLER_WORKERS, cpus: int | None = None) -> int:
+    """Connections to keep to the API server: one per thread that may call it at once, kopf's `workers`
+    plus asyncio's default executor (min(32, CPUs + 4) threads)."""
+    return workers + min(32, (cpus or os.cpu_count() or 1) + 4)
 
 
 def request_timeout() -> float:
@@ -106,11 +118,13 @@ class Kube:
         """In-cluster service account if present, else KUBECONFIG / ~/.kube/config."""
         from kubernetes import client, config
 
+        configuration = client.Configuration()
         try:
-            config.load_incluster_config()
+            config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config()
-        return cls(client.ApiClient())
+            config.load_kube_config(client_configuration=configuration)
+        configuration.connection_pool_maxsize = connection_pool_size()
+        return cls(client.ApiClient(configuration))
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         try:
@@ -127,7 +141,7 @@ class Kube:
         live = self.get(kind, meta["namespace"], meta["name"])
         if live is None:
             try:
-                self.verbs[kind].create(meta["namespace"], manifest, _preload_content=False)
+                _release(self.verbs[kind].create(meta["namespace"], manifest, _preload_content=False))
                 return "created"
             except self.client.ApiException as exc:
                 if exc.status != 409:
@@ -135,8 +149,8 @@ class Kube:
                 live = self.get(kind, meta["namespace"], meta["name"]) or {}
         if is_subset(manifest, live):
             return "unchanged"
-        self.verbs[kind].patch(meta["name"], meta["namespace"], manifest, _content_type=MERGE,
-                               _preload_content=False)
+        _release(self.verbs[kind].patch(meta["name"], meta["namespace"], manifest, _content_type=MERGE,
+                                        _preload_content=False))
         return "updated"
 
     def create_if_missing(self, manifest: dict) -> bool:
@@ -145,7 +159,7 @@ class Kube:
         if self.get(manifest["kind"], meta["namespace"], meta["name"]) is not None:
             return False
         try:
-            self.verbs[manifest["kind"]].create(meta["namespace"], manifest, _preload_content=False)
+            _release(self.verbs[manifest["kind"]].create(meta["namespace"], manifest, _preload_content=False))
         except self.client.ApiException as exc:
             if exc.status != 409:
                 raise
@@ -154,12 +168,12 @@ class Kube:
 
     def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
         """Set `spec.replicas` (the control loop's decision; never the CR's spec)."""
-        self.verbs[kind].patch(name, namespace, {"spec": {"replicas": replicas}}, _content_type=MERGE,
-                               _preload_content=False)
+        _release(self.verbs[kind].patch(name, namespace, {"spec": {"replicas": replicas}}, _content_type=MERGE,
+                                        _preload_content=False))
 
     def annotate(self, kind: str, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        self.verbs[kind].patch(name, namespace, {"metadata": {"annotations": annotations}}, _content_type=MERGE,
-                               _preload_content=False)
+        _release(self.verbs[kind].patch(name, namespace, {"metadata": {"annotations": annotations}},
+                                        _content_type=MERGE, _preload_content=False))
 
     def post_event(self, regarding: dict, type_: str, reason: str, message: str, now: str) -> None:
         """A core/v1 Event about `regarding` (an object with apiVersion, kind and metadata)."""
@@ -170,7 +184,7 @@ class Kube:
                                     "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
                  "type": type_, "reason": reason, "message": message, "count": 1,
                  "firstTimestamp": now, "lastTimestamp": now, "source": {"component": EVENT_SOURCE}}
-        self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+        _release(self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False))
 
     def get_service(self, namespace: str, name: str) -> dict | None:
         """The InferenceService object, or None when it is gone."""
@@ -186,9 +200,16 @@ class Kube:
     def patch_service_status(self, namespace: str, name: str, status: dict) -> None:
         """Merge `status` into the InferenceService's status (the operator's only status write:
         `handlers.publish` is its one caller)."""
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                          {"status": status}, _content_type=MERGE,
-                                                          _preload_content=False)
+        _release(self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                                   {"status": status}, _content_type=MERGE,
+                                                                   _preload_content=False))
+
+
+def _release(response) -> None:
+    """Read a response nobody needs to its end, so its connection goes back to the pool: one left unread
+    is closed when collected, and the next call opens a new TCP connection."""
+    response.drain_conn()
+    response.release_conn()
 
 
 def _default_timeout(api_client, seconds: float) -> None:

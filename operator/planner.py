@@ -8,7 +8,7 @@ throughput per GPU. When no size meets the SLO it says why, with the closest num
 
 Step times come from the measured profile of the service's (model, accelerator) when the profile
 catalogue passed in has a usable one, else from the roofline over the GPU catalogue's calibration
-(`step_cost`); the plan records which (`Plan.calibration`).
+(`specfleet.operator.cost`); the plan records which (`Plan.calibration`).
 
 Planning assumes the declared `minAcceptanceRate` as the acceptance rate (the controller turns
 speculation off below it, so it is the worst acceptance the plan will ever run with), and sizes decode
@@ -20,12 +20,13 @@ import math
 from dataclasses import dataclass, field, replace
 
 from specfleet.operator import capacity
-from specfleet.operator import perfmodel as pm
-from specfleet.operator.api import Architecture, InferenceServiceSpec
-from specfleet.operator.capacity import model_shape
+from specfleet.operator.api import InferenceServiceSpec
 from specfleet.operator.catalogs import Gpu, GpuCatalog, ModelCatalog
 from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, ProfileCatalog
-from specfleet.operator.step_cost import CostSource, ProfileCost, planned_source
+from specfleet.operator.cost import (Architecture, Calibration, CostSource, ProfileCost, Roofline, StepCost, best_k,
+                                     draft_time_fn, goodput, kv_blocks, kv_bytes_per_token, kv_pool_bytes,
+                                     max_batch_for_speculation, max_num_seqs, no_draft_cost, planned_source,
+                                     prefill_time, spec_step_time, token_budget, weights_bytes)
 
 BLOCK_SIZE = 16
 GPU_MEMORY_UTILIZATION = 0.90
@@ -67,6 +68,7 @@ class Plan:
     warnings: tuple[str, ...] = ()     # an SLO or load the plan cannot fully honour
     profile: ProfileCost | None = None  # the measured step cost it was sized with (None: the roofline)
     calibration: CostSource = CostSource()
+    lora_slot_bytes: int = 0            # adapter slots (maxLoras x maxLoraRank), taken from the KV pool
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,9 @@ class _Bounds:
 class _Sizing:
     """Everything fixed by one (model, GPU, TP) choice before speculation and replicas."""
 
-    shape: pm.ModelShape
-    cal: pm.Calibration
-    cost: pm.StepCost
+    shape: Architecture
+    cal: Calibration
+    cost: StepCost
     tp: int
     blocks: int
     batch: int
@@ -113,7 +115,7 @@ def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog,
     draft = _draft_time(spec, models, gpu)
     if isinstance(draft, Infeasible):
         return draft
-    shape = model_shape(arch, spec.model.dtype)
+    shape = arch.with_dtype(spec.model.dtype)
     profile, source = _profile(spec, profiles)
     results = [_size(spec, shape, gpu, tp, profile) for tp in tp_candidates(spec, arch, gpu)]
     sized = [r for r in results if isinstance(r, _Sizing)]
@@ -163,17 +165,17 @@ def _no_tp(spec: InferenceServiceSpec, arch: Architecture, gpu: Gpu) -> Infeasib
                       f"no GPU count up to {gpu.max_per_node}")
 
 
-def _size(spec: InferenceServiceSpec, shape: pm.ModelShape, gpu: Gpu, tp: int,
+def _size(spec: InferenceServiceSpec, shape: Architecture, gpu: Gpu, tp: int,
           profile: ProfileCost | None = None) -> _Sizing | Infeasible:
-    slo, kv = spec.slo, pm.kv_bytes_per_token(shape)
-    pool = pm.kv_pool_bytes(shape, gpu.memory_bytes, GPU_MEMORY_UTILIZATION, tp)
-    blocks = pm.kv_blocks(pool, BLOCK_SIZE, kv)
+    slo, kv = spec.slo, kv_bytes_per_token(shape)
+    pool = kv_pool_bytes(shape, gpu.memory_bytes, GPU_MEMORY_UTILIZATION, tp) - lora_bytes(spec, shape)
+    blocks = kv_blocks(pool, BLOCK_SIZE, kv)
     if blocks * BLOCK_SIZE < slo.max_context_tokens:
         return _memory_infeasible(spec, shape, gpu, tp, blocks)
     cal, ctx = gpu.calibration(tp), min(slo.prompt_tokens + slo.output_tokens, slo.max_context_tokens)
-    cost = profile if profile is not None else pm.Roofline(shape, cal)
+    cost = profile if profile is not None else Roofline(shape, cal)
     itl, ttft = slo.itl_p99_ms / 1000, slo.ttft_p99_ms / 1000
-    batch = pm.max_num_seqs_of(cost, kv, ctx, itl, blocks * BLOCK_SIZE * kv, limit=BATCH_LIMIT)
+    batch = max_num_seqs(cost, kv, ctx, itl, blocks * BLOCK_SIZE * kv, limit=BATCH_LIMIT)
     if batch == 0:
         floor = cost.step(1, ctx) * 1000
         return Infeasible("ITLUnreachable", f"one sequence's decode step takes {floor:.1f} ms on {tp}x "
@@ -187,7 +189,7 @@ def _size(spec: InferenceServiceSpec, shape: pm.ModelShape, gpu: Gpu, tp: int,
 def _largest_batch_with_chunk(cost, batch, ctx, prompt, itl, ttft) -> tuple[int, int] | None:
     """Largest batch <= `batch` leaving room for a prefill chunk that meets both targets."""
     def budget(b: int) -> int:
-        return pm.token_budget_of(cost, b, ctx, prompt, itl, ttft)
+        return token_budget(cost, b, ctx, prompt, itl, ttft)
 
     if budget(1) == 0:
         return None
@@ -200,22 +202,30 @@ def _largest_batch_with_chunk(cost, batch, ctx, prompt, itl, ttft) -> tuple[int,
     return lo, budget(lo)
 
 
+def lora_bytes(spec: InferenceServiceSpec, shape: Architecture) -> int:
+    """The adapter slots' memory; 0 with LoRA off."""
+    limits = spec.lora_limits
+    return 0 if limits is None else capacity.lora_slot_bytes(shape, limits.max_loras, limits.max_lora_rank)
+
+
 def _memory_infeasible(spec, shape, gpu, tp, blocks) -> Infeasible:
-    weights = pm.weights_bytes(shape) / 1e9
+    weights = weights_bytes(shape) / 1e9
+    slots = lora_bytes(spec, shape) / 1e9
     fits = blocks * BLOCK_SIZE
     closest = {"maxContextTokens": float(fits)} if fits >= 16 else {}
-    return Infeasible("InsufficientMemory", f"weights {weights:.1f} GB leave room for {fits} KV tokens on {tp}x "
-                      f"{gpu.name}, fewer than maxContextTokens {spec.slo.max_context_tokens}", closest)
+    adapters = f" and {slots:.2f} GB of adapter slots" if slots else ""
+    return Infeasible("InsufficientMemory", f"weights {weights:.1f} GB{adapters} leave room for {fits} KV tokens "
+                      f"on {tp}x {gpu.name}, fewer than maxContextTokens {spec.slo.max_context_tokens}", closest)
 
 
 def _ttft_infeasible(spec, cost, gpu, tp, ctx) -> Infeasible:
     slo = spec.slo
-    chunk = pm.token_budget_of(cost, 1, ctx, slo.prompt_tokens, slo.itl_p99_ms / 1000, math.inf)
+    chunk = token_budget(cost, 1, ctx, slo.prompt_tokens, slo.itl_p99_ms / 1000, math.inf)
     if chunk == 0:
         step = cost.mixed(1, ctx, 32) * 1000
         return Infeasible("ITLUnreachable", f"a decode step carrying a prefill chunk takes {step:.1f} ms on "
                           f"{tp}x {gpu.name}, above the {slo.itl_p99_ms:g} ms ITL target", {"itlP99Ms": _up(step)})
-    best = pm.prefill_time_of(cost, slo.prompt_tokens, chunk, 1, ctx) * 1000
+    best = prefill_time(cost, slo.prompt_tokens, chunk, 1, ctx) * 1000
     return Infeasible("TTFTUnreachable", f"prefilling {slo.prompt_tokens} prompt tokens takes at least "
                       f"{best:.0f} ms on {tp}x {gpu.name} within the ITL target, above the "
                       f"{slo.ttft_p99_ms:g} ms TTFT target", {"ttftP99Ms": _up(best)})
@@ -235,7 +245,7 @@ def _draft_time(spec: InferenceServiceSpec, models: ModelCatalog, gpu: Gpu):
     if arch is None:
         return Infeasible("UnknownDraftModel", f"draft model {sp.draft_model.source!r} is not in the model "
                           "catalog; set speculation.draftModel.architecture")
-    return model_shape(arch, sp.draft_model.dtype)
+    return arch.with_dtype(sp.draft_model.dtype)
 
 
 def _throughput(s: _Sizing) -> float:
@@ -244,27 +254,28 @@ def _throughput(s: _Sizing) -> float:
 
 def _finish(spec: InferenceServiceSpec, gpu: Gpu, s: _Sizing, draft_shape) -> Plan:
     slo, sp = spec.slo, spec.speculation
-    draft = pm.draft_time_fn(draft_shape, s.cal, s.ctx) if draft_shape is not None else pm.no_draft_cost
-    ttft_s = pm.prefill_time_of(s.cost, slo.prompt_tokens, s.chunk, s.batch, s.ctx)
+    draft = draft_time_fn(draft_shape, s.cal, s.ctx) if draft_shape is not None else no_draft_cost
+    ttft_s = prefill_time(s.cost, slo.prompt_tokens, s.chunk, s.batch, s.ctx)
     itl_s = s.cost.mixed(s.batch, s.ctx, s.chunk)
     replicas, warnings, op_batch = _load(spec, s.batch, ttft_s + slo.output_tokens * itl_s)
-    mbs = pm.max_batch_for_speculation_of(s.cost, s.ctx, sp.min_acceptance_rate, sp.max_speculative_tokens,
-                                          limit=4 * BATCH_LIMIT, draft=draft) if sp.mode != "off" else 0
+    mbs = max_batch_for_speculation(s.cost, s.ctx, sp.min_acceptance_rate, sp.max_speculative_tokens,
+                                    limit=4 * BATCH_LIMIT, draft=draft) if sp.mode != "off" else 0
     spec_plan = _speculation(spec, s, op_batch, draft)
     if spec_plan.enabled:
-        spec_step = pm.spec_step_time_of(s.cost, op_batch, s.ctx, spec_plan.k, draft)
+        spec_step = spec_step_time(s.cost, op_batch, s.ctx, spec_plan.k, draft)
         itl_s = max(itl_s, spec_step)
         if spec_step * 1000 > slo.itl_p99_ms:
             warnings += (f"speculation forced on: a k={spec_plan.k} step takes {spec_step * 1000:.1f} ms, "
                          f"above the {slo.itl_p99_ms:g} ms ITL target",)
     k_at_max = spec_plan.k if spec_plan.enabled and s.batch <= mbs else 0
-    tps = pm.goodput_of(s.cost, s.batch, s.ctx, sp.min_acceptance_rate, k_at_max, draft)
+    tps = goodput(s.cost, s.batch, s.ctx, sp.min_acceptance_rate, k_at_max, draft)
     return Plan(accelerator=gpu.name, gpu_resource=gpu.resource, gpus_per_replica=s.tp, tensor_parallel_size=s.tp,
                 block_size=BLOCK_SIZE, kv_cache_blocks=s.blocks, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
                 max_num_seqs=s.batch, max_num_batched_tokens=s.chunk, speculation=spec_plan,
                 predicted=Prediction(round(ttft_s * 1000, 1), round(itl_s * 1000, 1), round(tps, 1), mbs),
-                replicas=replicas, weights_bytes=pm.weights_bytes(s.shape),
-                kv_bytes_per_token=pm.kv_bytes_per_token(s.shape), warnings=warnings)
+                replicas=replicas, weights_bytes=weights_bytes(s.shape),
+                kv_bytes_per_token=kv_bytes_per_token(s.shape), warnings=warnings,
+                lora_slot_bytes=lora_bytes(spec, s.shape))
 
 
 def _sized_like_the_autoscaler(spec: InferenceServiceSpec, plan: Plan, gpus: GpuCatalog,
@@ -317,10 +328,9 @@ def _speculation(spec: InferenceServiceSpec, s: _Sizing, op_batch: int, draft) -
     sp, itl = spec.speculation, spec.slo.itl_p99_ms / 1000
     if sp.mode == "off":
         return SpeculationPlan(False, None, 0)
-    k_at = lambda b: pm.best_k_of(s.cost, b, s.ctx, sp.min_acceptance_rate,  # noqa: E731
-                                  sp.max_speculative_tokens, draft)
+    k_at = lambda b: best_k(s.cost, b, s.ctx, sp.min_acceptance_rate, sp.max_speculative_tokens, draft)  # noqa: E731
     k_op = k_at(op_batch)
     if sp.mode == "on":
         return SpeculationPlan(True, sp.method, max(1, k_op or k_at(1)))
-    fits = k_op > 0 and pm.spec_step_time_of(s.cost, op_batch, s.ctx, k_op, draft) <= itl
+    fits = k_op > 0 and spec_step_time(s.cost, op_batch, s.ctx, k_op, draft) <= itl
     return SpeculationPlan(fits, sp.method, k_op if fits else k_at(1))

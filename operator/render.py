@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from importlib.metadata import version
 
 from specfleet.operator.api import API_VERSION, KIND, InferenceServiceSpec, ModelRef, Speculation, parse_source
-from specfleet.operator.perfmodel import GiB
+from specfleet.operator.cost import GiB
 from specfleet.operator.planner import Plan, SpeculationPlan
 
 # images/engine.Dockerfile, tagged like every image of this project with the package version (pyproject.toml)
@@ -167,7 +167,30 @@ def engine_container(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, 
             "livenessProbe": _probe("/health", period=10, failures=3),
             "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                 "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
-            "volumeMounts": mounts}
+            "volumeMounts": mounts, **_working_dir(spec)}
+
+
+def model_volume(spec: InferenceServiceSpec) -> str | None:
+    """Where the model's volume is mounted (a PVC's root, a hostPath folder); None for sources without one."""
+    return f"{MODELS_DIR}/model" if parse_source(spec.model.source).kind in ("pvc", "hostpath") else None
+
+
+def _working_dir(spec: InferenceServiceSpec) -> dict:
+    """With LoRA on, the engine runs in the model volume, so the adapter folders the operator loads at run
+    time go by paths relative to it (the same on a cluster and on the local fleet, which maps the mount);
+    without LoRA the container is rendered as before."""
+    volume = model_volume(spec) if spec.lora_limits is not None else None
+    return {"workingDir": volume} if volume else {}
+
+
+def lora_args(spec: InferenceServiceSpec) -> list[str]:
+    """The engine's static LoRA flags: the adapter list is loaded live, never rendered, so editing it rolls
+    no pod."""
+    limits = spec.lora_limits
+    if limits is None:
+        return []
+    args = ["--enable-lora", "--max-loras", str(limits.max_loras), "--max-lora-rank", str(limits.max_lora_rank)]
+    return args + (["--max-cpu-loras", str(limits.max_cpu_loras)] if limits.max_cpu_loras is not None else [])
 
 
 def specfleet_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, draft: ModelMount | None) -> list[str]:
@@ -187,7 +210,7 @@ def specfleet_args(spec: InferenceServiceSpec, plan: Plan, model: ModelMount, dr
         # the control loop retunes k live up to maxSpeculativeTokens; the engine refuses any deeper k
         args += ["--max-speculative-tokens", str(max(sp.k, spec.speculation.max_speculative_tokens))]
         args += ngram_args(spec.speculation) if sp.method == "ngram" else []
-    return args + ["--admin-token-file", ADMIN_TOKEN_FILE]
+    return args + lora_args(spec) + ["--admin-token-file", ADMIN_TOKEN_FILE]
 
 
 def ngram_args(sp: Speculation) -> list[str]:
@@ -309,7 +332,7 @@ def resources(plan: Plan) -> dict:
                 "limits": {plan.gpu_resource: str(plan.gpus_per_replica), "memory": requests["memory"]}}
     kv = plan.kv_cache_blocks * plan.block_size * plan.kv_bytes_per_token
     # the CPU engine holds its linears twice: oneDNN-packed and plain, for few-row steps (engine/cpu/linear.py)
-    memory = f"{math.ceil((CPU_WEIGHT_COPIES * plan.weights_bytes + kv) / GiB) + 1}Gi"
+    memory = f"{math.ceil((CPU_WEIGHT_COPIES * plan.weights_bytes + kv + plan.lora_slot_bytes) / GiB) + 1}Gi"
     return {"requests": {"cpu": "2", "memory": memory}, "limits": {"memory": memory}}
 
 

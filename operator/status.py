@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 from specfleet.operator.api import CONDITION_TYPES, Condition
 from specfleet.operator.planner import Infeasible, Plan
-from specfleet.operator.step_cost import CostSource
+from specfleet.operator.cost import CostSource
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
@@ -19,14 +19,17 @@ TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 def plan_dict(plan: Plan) -> dict:
     """`status.plan` exactly as the CRD declares it."""
     sp, pr = plan.speculation, plan.predicted
-    return {"gpusPerReplica": plan.gpus_per_replica, "tensorParallelSize": plan.tensor_parallel_size,
-            "blockSize": plan.block_size, "kvCacheBlocks": plan.kv_cache_blocks,
-            "gpuMemoryUtilization": plan.gpu_memory_utilization, "maxNumSeqs": plan.max_num_seqs,
-            "maxNumBatchedTokens": plan.max_num_batched_tokens,
-            "speculation": {"enabled": sp.enabled, "method": sp.method or "none", "k": sp.k},
-            "predicted": {"ttftP99Ms": pr.ttft_p99_ms, "itlP99Ms": pr.itl_p99_ms,
-                          "tokensPerSecondPerReplica": pr.tokens_per_second_per_replica,
-                          "maxBatchForSpeculation": pr.max_batch_for_speculation}}
+    out = {"gpusPerReplica": plan.gpus_per_replica, "tensorParallelSize": plan.tensor_parallel_size,
+           "blockSize": plan.block_size, "kvCacheBlocks": plan.kv_cache_blocks,
+           "gpuMemoryUtilization": plan.gpu_memory_utilization, "maxNumSeqs": plan.max_num_seqs,
+           "maxNumBatchedTokens": plan.max_num_batched_tokens,
+           "speculation": {"enabled": sp.enabled, "method": sp.method or "none", "k": sp.k},
+           "predicted": {"ttftP99Ms": pr.ttft_p99_ms, "itlP99Ms": pr.itl_p99_ms,
+                         "tokensPerSecondPerReplica": pr.tokens_per_second_per_replica,
+                         "maxBatchForSpeculation": pr.max_batch_for_speculation}}
+    if plan.lora_slot_bytes:
+        out["loraSlotBytes"] = plan.lora_slot_bytes
+    return out
 
 
 def calibration_dict(source: CostSource) -> dict:
@@ -35,11 +38,12 @@ def calibration_dict(source: CostSource) -> dict:
 
 
 def planned(result: Plan | Infeasible, generation: int, selector: str, previous: Sequence[dict],
-            now: str) -> dict:
-    """The status patch after planning (and, for a Plan, applying) generation `generation`."""
+            now: str, adapter_problems: Sequence[str] = ()) -> dict:
+    """The status patch after planning (and, for a Plan, applying) generation `generation`;
+    `adapter_problems`: declared adapters that cannot be served (`adapters.problems`)."""
     if isinstance(result, Infeasible):
         return _infeasible(result, generation, selector, previous, now)
-    conditions = [_degraded(result), Condition("Progressing", TRUE, "Reconciled",
+    conditions = [_degraded(result, adapter_problems), Condition("Progressing", TRUE, "Reconciled",
                                                f"rendered plan for generation {generation}")]
     # SLOMet and SpeculationActive belong to the control loop once it has reported (same generation).
     conditions += [c for c in (_slo_pending(result), _speculation(result))
@@ -133,10 +137,29 @@ def _infeasible(result: Infeasible, generation: int, selector: str, previous: Se
             "conditions": merge_conditions(previous, conditions, now, generation)}
 
 
-def _degraded(plan: Plan) -> Condition:
+ADAPTER_FAILED = "AdapterFailed"
+FEASIBLE = Condition("Degraded", FALSE, "PlanFeasible", "the plan meets the declared SLO")
+
+
+def _degraded(plan: Plan, adapter_problems: Sequence[str] = ()) -> Condition:
     if plan.warnings:
         return Condition("Degraded", TRUE, "CapacityLimited", "; ".join(plan.warnings))
-    return Condition("Degraded", FALSE, "PlanFeasible", "the plan meets the declared SLO")
+    if adapter_problems:
+        return Condition("Degraded", TRUE, ADAPTER_FAILED, "; ".join(adapter_problems))
+    return FEASIBLE
+
+
+def adapter_degraded(previous: Sequence[dict], adapter_problems: Sequence[str]) -> Condition | None:
+    """Degraded as the adapter sync sees it, the way `planned` decides it: AdapterFailed while an adapter
+    cannot be served and the plan itself is fine; back to PlanFeasible once none fails. None: leave it
+    (a planner reason, or nothing changed)."""
+    current = _condition(previous, "Degraded") or {}
+    reason = current.get("reason")
+    if adapter_problems and reason in (None, FEASIBLE.reason, ADAPTER_FAILED):
+        return Condition("Degraded", TRUE, ADAPTER_FAILED, "; ".join(adapter_problems))
+    if not adapter_problems and reason == ADAPTER_FAILED:
+        return FEASIBLE
+    return None
 
 
 def _slo_pending(plan: Plan) -> Condition:
@@ -154,3 +177,12 @@ def _speculation(plan: Plan) -> Condition:
                          f"{sp.method} k={sp.k}; pays up to batch {mbs}")
     return Condition("SpeculationActive", FALSE, "NotPaying",
                      f"{sp.method} pays up to batch {mbs}, below the expected batch; k={sp.k} when re-enabled")
+
+
+def changes(old: dict, patch: dict) -> bool:
+    """Whether merging `patch` into the status `old` changes anything but condition timestamps (the one
+    test before a status write: an unchanged status is not written)."""
+    def strip(s: dict) -> dict:
+        conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in s.get("conditions") or []]
+        return {**{k: v for k, v in s.items() if k in patch}, "conditions": conds}
+    return strip(old) != strip(patch)

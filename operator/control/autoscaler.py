@@ -10,8 +10,8 @@ Faster up than down: a scale-up is immediate on an SLO violation, a growing queu
 fleet or more, or a trend (a rise out of the noise seen twice, or once while the fleet is short), which
 provisions for the load one start-up delay ahead (not for the backlog built meanwhile: it stays with
 the pods it was handed to), sized at `surge_utilization` of the SLO batch (the fast path), otherwise it waits for the recommendation to
-persist over `scale_up_stabilization_s` (the smallest recommendation in that window wins). A scale-down takes the
-largest recommendation of the last `scale_down_stabilization_s`, only once `down_cooldown_s` has passed
+persist over `scale_up_stabilization_seconds` (the smallest recommendation in that window wins). A scale-down takes the
+largest recommendation of the last `scale_down_stabilization_seconds`, only once `down_cooldown_s` has passed
 since the last scale-up, and only when the smaller fleet is predicted to hold the SLO. Steps are bounded
 (up: x2 or +4, down: -25% or -1), results lie in [min, max], and an incomplete window (a pod not
 scraped, no traffic evidence) changes nothing: missing is not zero.
@@ -22,18 +22,17 @@ out of the last decision's by more than the counting noise scale up at once, not
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
+from specfleet.operator import api
 from specfleet.operator.capacity import TARGET_UTILIZATION, ServiceModel
 from specfleet.operator.control.window import Window
 
 
 @dataclass(frozen=True)
-class ScalingPolicy:
-    min_replicas: int = 1
-    max_replicas: int = 4
-    scale_up_stabilization_s: float = 30.0
-    scale_down_stabilization_s: float = 300.0
+class ScalingPolicy(api.Autoscaling):
+    """The InferenceService's declared `autoscaling` (bounds, stabilization windows) and the controller's own
+    settings, which the CR does not expose."""
     target_utilization: float = TARGET_UTILIZATION  # share of the SLO batch and of the prefill rate a replica is sized
                                         # to use (the prefill share lower where the TTFT target needs it)
     scale_down_utilization: float = 0.95  # a smaller fleet must stay under this share to be chosen
@@ -57,10 +56,8 @@ class ScalingPolicy:
                                         # path adds the rest to `target_utilization` once it is measured)
 
     @classmethod
-    def from_spec(cls, autoscaling, **over) -> "ScalingPolicy":
-        return cls(min_replicas=autoscaling.min_replicas, max_replicas=autoscaling.max_replicas,
-                   scale_up_stabilization_s=autoscaling.scale_up_stabilization_seconds,
-                   scale_down_stabilization_s=autoscaling.scale_down_stabilization_seconds, **over)
+    def from_spec(cls, autoscaling: api.Autoscaling, **over) -> "ScalingPolicy":
+        return cls(**{f.name: getattr(autoscaling, f.name) for f in fields(api.Autoscaling)}, **over)
 
 
 @dataclass(frozen=True)
@@ -130,8 +127,8 @@ def decide(window: Window | None, model: ServiceModel, current: int, policy: Sca
     if violation and not starting and (backlog or ("ITL" in violation and crowded)):
         need = max(need, current + max(1, math.ceil(0.25 * current)))
     # The stabilization history keeps what the arrival rate needs, not transient backlog boosts.
-    history = _trim(state.history + ((now, steady),), now, max(policy.scale_down_stabilization_s,
-                                                                policy.scale_up_stabilization_s))
+    history = _trim(state.history + ((now, steady),), now, max(policy.scale_down_stabilization_seconds,
+                                                                policy.scale_up_stabilization_seconds))
     state = replace(state, history=history)
     load = f"{demand:.2f} req/s against {per_replica:.2f} req/s per replica at the SLO"
     ahead = need
@@ -329,10 +326,10 @@ def _up(policy, state, current, need, ahead, now, violation, load, growing, risi
     if target <= current:
         return ScaleDecision(current, current, "AtMaxReplicas", f"need {need}; {load}", need), state
     if not fast:
-        window_start = now - policy.scale_up_stabilization_s
-        if state.history[0][0] > window_start + 1e-6 and policy.scale_up_stabilization_s > 0:
+        window_start = now - policy.scale_up_stabilization_seconds
+        if state.history[0][0] > window_start + 1e-6 and policy.scale_up_stabilization_seconds > 0:
             return ScaleDecision(current, current, "Stabilizing", f"need {need} for less than "
-                                 f"{policy.scale_up_stabilization_s:g} s; {load}", need), state
+                                 f"{policy.scale_up_stabilization_seconds:g} s; {load}", need), state
         target = min(target, min(n for t, n in state.history if t >= window_start - 1e-6))
         if target <= current:
             return ScaleDecision(current, current, "Stabilizing", f"need {need}; {load}", need), state
@@ -341,7 +338,7 @@ def _up(policy, state, current, need, ahead, now, violation, load, growing, risi
 
 
 def _down(window, model, policy, state, current, need, now, demand, alpha, k, output, load):
-    span = policy.scale_down_stabilization_s
+    span = policy.scale_down_stabilization_seconds
     if now - state.last_up < min(span, policy.down_cooldown_s) or state.history[0][0] > now - span + 1e-6:
         return ScaleDecision(current, current, "Stabilizing", f"need {need}; waiting out the {span:g} s "
                              f"scale-down window; {load}", need), state

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specfleet.operator.control import autoscaler, speculation
-from specfleet.operator.capacity import ServiceModel, alpha_from_acceptance
+from specfleet.operator.capacity import ServiceModel
 from specfleet.operator.control.window import Window
+from specfleet.operator.cost import alpha_from_acceptance
 
 
 @dataclass(frozen=True)

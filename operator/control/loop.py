@@ -220,6 +220,11 @@ def observed(window: Window | None, model: ServiceModel) -> dict:
     return out
 
 
+def _measured(observed: Mapping) -> dict:
+    """`status.observed` without the window's length."""
+    return {k: v for k, v in observed.items() if k != "window"}
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
@@ -315,14 +320,17 @@ def _window_s(label: str) -> float:
 
 
 def status_patch(body: dict, step: Step, when: str) -> dict:
-    """The status fields a step changes, merged with the CR's current status (conditions, decisions)."""
+    """The status fields a step changes, merged with the CR's current status (conditions, decisions).
+    `observed` is left out when no measured value changed: a window's length alone moves with the
+    sources' sampling (14 s, 15 s, 30 s), and a write for it would cost every unchanged service a status
+    patch and a watch event per interval."""
     old = body.get("status") or {}
     generation = body["metadata"].get("generation", 1)
     patch: dict = {}
     if step.conditions:
         patch["conditions"] = status.merge_conditions(old.get("conditions") or [], step.conditions, when,
                                                           generation)
-    if step.observed:
+    if step.observed and (not old.get("observed") or _measured(step.observed) != _measured(old["observed"])):
         patch["observed"] = step.observed
     if step.decisions:
         patch["lastDecisions"] = ((old.get("lastDecisions") or []) + step.decisions)[-MAX_DECISIONS:]

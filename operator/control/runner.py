@@ -29,7 +29,7 @@ import httpx
 
 from specfleet.operator import api, capacity, catalogs, model_folder, planner, render, status
 from specfleet.operator.control import discovery, loop, scale_down, speculation, telemetry
-from specfleet.operator.control.calibration import recalibrate_from
+from specfleet.operator.cost import recalibrate_from
 from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.window import Scrape, Window, build_window
 from specfleet.operator.control.sources import DirectSource, PrometheusSource, SourceReport

@@ -35,11 +35,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from specfleet.operator.capacity import (TARGET_UTILIZATION, Load, ServiceModel, affordable_k, alpha_from_acceptance,
-                                         costs_replicas)
+from specfleet.operator.capacity import TARGET_UTILIZATION, Load, ServiceModel, affordable_k, costs_replicas
 from specfleet.operator.control.autoscaler import arrivals_of
 from specfleet.operator.control.window import Window
-from specfleet.operator.perfmodel import share_per_step
+from specfleet.operator.cost import alpha_from_acceptance, share_per_step
 
 SPECFLEET_DWELL_S, VLLM_DWELL_S = 60.0, 600.0
 # The dead band's half-width when the policy does not fix one: the service cost's relative error

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import closed_loop  # noqa: E402  (benchmarks/closed_loop.py)
 
-from specfleet.operator.simulator.trace import Phase, Trace  # noqa: E402
+from specfleet.sim.trace import Phase, Trace  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -42,14 +42,14 @@ def test_the_crd_validates_as_a_crd():
                                                 "statusReplicasPath": ".status.replicas",
                                                 "labelSelectorPath": ".status.selector"}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Mode", "Engine", "Ready", "Replicas", "SLO", "TTFT p99", "ITL p99", "Spec", "Accept", "Age"]
+        "Mode", "Engine", "Ready", "Replicas", "SLO", "TTFT p99", "ITL p99", "Spec", "Accept", "Adapters", "Age"]
 
 
 def test_the_crd_status_schema_has_exactly_the_designed_fields():
     st = SCHEMA["properties"]["status"]["properties"]
     assert set(st) == {"observedGeneration", "phase", "conditions", "plan", "replicas", "readyReplicas",
                        "desiredReplicas", "replicasPending", "selector", "observed", "lastDecisions",
-                       "errorBudget", "plannedActions", "coldStart", "calibration"}
+                       "errorBudget", "plannedActions", "coldStart", "calibration", "adapters", "adapterCount"}
     assert st["conditions"]["items"]["properties"]["type"]["enum"] == list(api.CONDITION_TYPES)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from testkit import interrupt
 
 pytest.importorskip("specfleet.cluster.apiserver", reason="the API emulator (specfleet.cluster.apiserver) "
                     "is not available")
@@ -100,13 +100,7 @@ class Operator:
                                      start_new_session=True)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        interrupt(self.proc, timeout=15)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -94,7 +94,7 @@ def test_a_prefill_bound_service_gets_the_replicas_the_autoscaler_would_ask_for(
     240 req/s; the prefill rate at the autoscaler's utilization (what it sizes by) needs more."""
     from specfleet.operator import api
     from specfleet.operator.capacity import service_model
-    from specfleet.operator.simulator import scenarios
+    from specfleet.sim import scenarios
 
     doc = {**scenarios.SERVICE, "slo": {**scenarios.SERVICE["slo"], "requestsPerSecond": 240}}
     spec = api.parse_spec(doc)
@@ -111,7 +111,7 @@ def test_speculation_starts_where_the_controller_would_keep_it(gpus, models):
     spare and it starts on."""
     from specfleet.operator import api
     from specfleet.operator.capacity import service_model
-    from specfleet.operator.simulator import scenarios
+    from specfleet.sim import scenarios
 
     def at(rps):
         spec = api.parse_spec({**scenarios.SERVICE, "slo": {**scenarios.SERVICE["slo"], "requestsPerSecond": rps}})

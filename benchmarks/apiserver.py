@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 NS_PATH = "/api/v1/namespaces/default/configmaps"
+from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
+
 RESULTS = Path(__file__).parent / "results" / "apiserver.json"
 
 
@@ -156,7 +158,8 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, "-m", "specfleet.cli.main", "cluster", "apiserver", "--port",
                                str(port), "--kubeconfig", str(kubeconfig)], stdout=subprocess.DEVNULL)
     try:
-        result = asyncio.run(bench(f"http://127.0.0.1:{port}", server.pid, args.objects, args.watches,
+        result = stamp("benchmarks/apiserver.py", sys.argv[1:])
+        result |= asyncio.run(bench(f"http://127.0.0.1:{port}", server.pid, args.objects, args.watches,
                                    args.concurrency))
     finally:
         server.terminate()

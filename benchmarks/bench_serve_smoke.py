@@ -77,7 +77,7 @@ def start(app) -> tuple[str, object]:
 
 
 def main() -> None:
-    from specfleet.cli.bench_cmds import LoadTarget, print_report, run_load, summarize, synthetic_requests
+    from specfleet.cluster.loadgen import LoadTarget, print_report, run_load, summarize, synthetic_requests
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model folder or built-in name (default: a tiny random Llama)")

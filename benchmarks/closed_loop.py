@@ -4,7 +4,7 @@ auto / always on / always off.
 Each mode gets a fresh `specfleet up` (no prefix cache carries over) of manifests/examples/smollm2-cpu.yaml
 with one fixed replica (`spec.replicas: 1`, so the batch grows with the clients) and
 `spec.speculation.mode` set to the mode. Closed-loop clients follow `SIM_TO_REAL.at(t)`
-(operator/simulator/trace.py): client i is active while i < clients(t) and then sends its next streaming
+(sim/trace.py): client i is active while i < clients(t) and then sends its next streaming
 chat completion (temperature 0, `ignore_eos`, the trace's max_tokens) as soon as the last one ends. Prompts
 are the phase's workload from benchmarks/speculation.py (copy-heavy: repeat or lightly edit code given in
 the prompt; open-ended: stories, explanations), drawn per client from the same seed in every mode.
@@ -69,7 +69,9 @@ from speculation import COPY_TASKS, OPEN_TASKS   # benchmarks/speculation.py: th
 
 from specfleet.operator.control.speculation import SpeculationPolicy
 from specfleet.operator.control.window import Histogram, quantile
-from specfleet.operator.simulator.trace import SIM_TO_REAL, Trace
+from specfleet.sim.trace import SIM_TO_REAL, Trace
+
+from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -813,7 +815,7 @@ def main() -> None:
         trace = Trace(tuple(p for p in trace.phases if p.name in args.phases), trace.max_tokens, trace.seed)
     settings = Settings(trace, tuple(args.modes), args.interval, args.dwell, args.seed, args.repeats, args.port,
                         logs_dir=args.logs, speculation=speculation_fields(args.speculation, parser))
-    result = run_all(settings)
+    result = {**stamp("benchmarks/closed_loop.py", sys.argv[1:]), **run_all(settings)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print_report(result)

@@ -8,7 +8,7 @@ declared minReplicas floor (burst headroom), and every scaling policy on the oth
     .venv/bin/python benchmarks/control.py --only speculation    # just the speculation sweep (~3 min), merged
 
 The fleet's truth is the engine profile of the scenarios' Llama-3.1-8B on H100
-(operator/simulator/profiles/, derived from published figures and labelled so: no H100 here to measure);
+(sim/profiles/, derived from published figures and labelled so: no H100 here to measure);
 the controller starts from the catalog's roofline and calibrates online.
 
 Prints rich tables and writes JSON (summaries only, no time series). Targets (issue 8): on bursty and
@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +35,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from specfleet.operator.simulator import policies, run, scenarios
+from specfleet.sim import policies, run, scenarios
+
+from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
 
 OUT = Path(__file__).parent / "results" / "control.json"
 # x the steady rate (60 req/s) on a fixed 4-replica fleet: from well inside its capacity to past it, where
@@ -96,7 +99,8 @@ def main() -> None:
     bound = onset_bound("bursty")
     matched = matched_cost(grid, args.seed)
     checks = {**targets(grid, sweep), **floor_targets(grid, floors), **matched_targets(matched)}
-    result = {"seed": args.seed, "seconds": round(time.time() - started, 1), "grid": grid,
+    result = {**stamp("benchmarks/control.py", sys.argv[1:]),
+              "seed": args.seed, "seconds": round(time.time() - started, 1), "grid": grid,
               "speculation_sweep": sweep, "startup_sensitivity": startup, "min_replicas_floor": floors,
               "other_queue_policy": engines, "onset_bound": bound, "matched_cost": matched, "targets": checks, "startup_s": STARTUPS}
     console.print(table("scenario x policy", grid, ("scenario", "policy")))

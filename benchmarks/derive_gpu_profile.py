@@ -1,6 +1,6 @@
 """Derive an engine profile for a GPU we cannot measure, from published figures, labelled as such.
 
-    .venv/bin/python benchmarks/derive_gpu_profile.py            # writes operator/simulator/profiles/
+    .venv/bin/python benchmarks/derive_gpu_profile.py            # writes sim/profiles/
 
 The only published figure used: vLLM serving Llama-3.1-8B-Instruct (bf16) on one A100-40GB decodes one
 request at ~75 tokens/s, ~77% of that GPU's memory-bandwidth ceiling, and batching to 8 concurrent
@@ -14,16 +14,17 @@ would be, and the file carries `"derived": ...` so no one mistakes it for a meas
 """
 from __future__ import annotations
 
+import argparse
 import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 from specfleet.engine.profile_model import PROFILE_VERSION, StepPoint, fit_profile
-from specfleet.operator import catalogs, perfmodel as pm
+from specfleet.operator import catalogs
 from specfleet.operator.api import ModelRef
-from specfleet.operator.capacity import model_shape
+from specfleet.operator.cost import Architecture, Calibration, mixed_step_time, step_time
 
-OUT = Path(__file__).resolve().parent.parent / "operator" / "simulator" / "profiles"
+OUT = Path(__file__).resolve().parent.parent / "sim" / "profiles"
 SOURCE = "https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on"
 BANDWIDTH_EFFICIENCY = 0.77      # published: batch-1 decode of Llama-3.1-8B on A100-40GB under vLLM
 FLOPS_EFFICIENCY = 0.60          # assumed (the catalog's starting value), not published for this setup
@@ -32,10 +33,10 @@ CONTEXTS = (512, 1024, 2048, 4096)
 CHUNKS = (256, 512, 1024, 2048)
 
 
-def points(shape: pm.ModelShape, cal: pm.Calibration) -> list[StepPoint]:
-    out = [StepPoint(kind, b, ctx, q, pm.step_time(shape, cal, b, ctx, q), 0.0, 1)
+def points(shape: Architecture, cal: Calibration) -> list[StepPoint]:
+    out = [StepPoint(kind, b, ctx, q, step_time(shape, cal, b, ctx, q), 0.0, 1)
            for kind, qs in (("decode", (1,)), ("verify", (3, 5))) for q in qs for b in BATCHES for ctx in CONTEXTS]
-    out += [StepPoint("prefill", 1, ctx, chunk, pm.mixed_step_time(shape, cal, 1, ctx, chunk), 0.0, 1)
+    out += [StepPoint("prefill", 1, ctx, chunk, mixed_step_time(shape, cal, 1, ctx, chunk), 0.0, 1)
             for chunk in CHUNKS for ctx in CONTEXTS]
     return out
 
@@ -43,9 +44,9 @@ def points(shape: pm.ModelShape, cal: pm.Calibration) -> list[StepPoint]:
 def derive(model: str, gpu_name: str) -> dict:
     gpu = catalogs.gpus()[gpu_name]
     arch = catalogs.models().lookup(ModelRef(name=model, source=model))
-    shape = model_shape(arch, "bfloat16")
-    cal = pm.Calibration(bw_eff=gpu.bandwidth * BANDWIDTH_EFFICIENCY, flops_eff=gpu.flops * FLOPS_EFFICIENCY,
-                         t_fixed=0.0)
+    shape = arch.with_dtype("bfloat16")
+    cal = Calibration(bw_eff=gpu.bandwidth * BANDWIDTH_EFFICIENCY, flops_eff=gpu.flops * FLOPS_EFFICIENCY,
+                      t_fixed=0.0)
     pts = points(shape, cal)
     fit = fit_profile(pts)
     return {"version": PROFILE_VERSION, "model": model, "device": gpu_name, "dtype": "bfloat16",
@@ -58,6 +59,7 @@ def derive(model: str, gpu_name: str) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     data = derive("llama-3.1-8b", "nvidia-h100-80gb")
     path = OUT / "llama-3.1-8b--nvidia-h100-80gb.json"

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
+
 RESULTS = Path(__file__).parent / "results"
 MODEL_SHAPE = dict(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4,
                    intermediate_size=1408, max_position_embeddings=1024)
@@ -190,7 +192,8 @@ def main() -> None:
     console.print("prompt tok/s, median: " + ", ".join(
         f"{name} {statistics.median(r):.0f} ({min(r):.0f}-{max(r):.0f})" for name, r in prompt_rates.items()))
     console.print(f"KV waste (allocated but unused slots), median: {waste:.2%}")
-    summary = {"model": args.model or MODEL_SHAPE, "workload": {**vars(args), "json": str(args.json)}, "runs": runs,
+    summary = {**stamp("benchmarks/engine_throughput.py", sys.argv[1:]),
+               "model": args.model or MODEL_SHAPE, "workload": {**vars(args), "json": str(args.json)}, "runs": runs,
                "median_tok_per_s": {name: statistics.median(r) for name, r in rates.items()},
                "median_prompt_tok_per_s": {name: statistics.median(r) for name, r in prompt_rates.items()},
                "ratios": {name: ours / statistics.median(r) for name, r in rates.items() if name != "specfleet"}}

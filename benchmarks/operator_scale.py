@@ -320,6 +320,7 @@ class FirstSeen(threading.Thread):
         super().__init__(daemon=True)
         self.list_call, self.rv, self.test = list_call, rv, test
         self.first: dict[str, float] = {}
+        self.events = 0                 # every event seen (writes to the kind, when counted over a window)
         self.stop, self.response = threading.Event(), None
 
     def run(self) -> None:
@@ -342,6 +343,7 @@ class FirstSeen(threading.Thread):
 
     def _event(self, event: dict) -> None:
         obj = event["object"]
+        self.events += 1
         self.rv = obj["metadata"].get("resourceVersion", self.rv)
         name = obj["metadata"].get("name")
         if event["type"] in ("ADDED", "MODIFIED") and name not in self.first and self.test(obj):
@@ -350,18 +352,20 @@ class FirstSeen(threading.Thread):
 
 def watchers(fleet: Processes) -> tuple[FirstSeen, FirstSeen]:
     """Started watches: when each service first had `status.plan`, when its Deployment first existed."""
-    def custom(**kw):
-        return fleet.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, **kw)
+    return (watch(fleet, "services", lambda o: bool((o.get("status") or {}).get("plan"))),
+            watch(fleet, "deployments", lambda o: True))
 
-    def deployments(**kw):
-        return fleet.apps.list_namespaced_deployment(NS, **kw)
 
-    out = []
-    for call, test in ((custom, lambda o: bool((o.get("status") or {}).get("plan"))), (deployments, lambda o: True)):
-        rv = call(_preload_content=False).json()["metadata"]["resourceVersion"]
-        out.append(FirstSeen(call, rv, test))
-        out[-1].start()
-    return out[0], out[1]
+def watch(fleet: Processes, kind: str, test=lambda o: False) -> FirstSeen:
+    """A started `FirstSeen` on the benchmark namespace's InferenceServices ("services"), Deployments or
+    Events, from their current resourceVersion."""
+    call = {"services": lambda **kw: fleet.custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, **kw),
+            "deployments": lambda **kw: fleet.apps.list_namespaced_deployment(NS, **kw),
+            "events": lambda **kw: fleet.core.list_namespaced_event(NS, **kw)}[kind]
+    rv = call(_preload_content=False, limit=1).json()["metadata"]["resourceVersion"]
+    seen = FirstSeen(call, rv, test)
+    seen.start()
+    return seen
 
 
 def burst(fleet: Processes, count: int, timeout: float, progress) -> dict:
@@ -434,9 +438,14 @@ def wait_for_prometheus(fleet: Processes, pods: int, setup: Setup, progress) -> 
             "prometheus_active_targets": fleet.active_targets()}
 
 
-def idle(fleet: Processes, samplers: dict[str, ProcessSampler], setup: Setup, seconds: float, progress) -> dict:
-    """CPU of every process over an idle window, and the Prometheus queries the operator made in it."""
+def idle(fleet: Processes, samplers: dict[str, ProcessSampler], setup: Setup, seconds: float, progress,
+         profiler: "Profiler | None" = None) -> dict:
+    """CPU of every process over an idle window (nothing changes: no edits, no new pods, every loop
+    running), the Prometheus queries the operator made in it, and the writes it made per interval
+    (InferenceService status patches, Deployment changes, Events; each seen through a watch): on an idle
+    fleet whose metrics do not change every write is overhead. With `profiler`, py-spy over the window."""
     before = queries_made(fleet)
+    counted = {kind: watch(fleet, kind) for kind in ("services", "deployments", "events")}
     for sampler in samplers.values():
         sampler.mark()
     task = progress.add_task("  idle window", total=seconds)
@@ -446,9 +455,15 @@ def idle(fleet: Processes, samplers: dict[str, ProcessSampler], setup: Setup, se
         time.sleep(min(1.0, seconds - elapsed))
     progress.remove_task(task)
     out = {f"{name}_idle_cpu_percent": sampler.cpu_percent() for name, sampler in samplers.items()}
+    per_interval = setup.control_interval_s / seconds
+    for kind, seen in counted.items():
+        seen.close()
+        out[f"idle_{kind}_writes_per_interval"] = round(seen.events * per_interval, 1)
+    if profiler is not None:
+        out["idle_profile"] = profiler.stop()
     if setup.source == "prometheus":
         made = queries_made(fleet) - before
-        out["prometheus_queries_per_interval"] = round(made * setup.control_interval_s / seconds, 2)
+        out["prometheus_queries_per_interval"] = round(made * per_interval, 2)
     return out
 
 
@@ -519,7 +534,12 @@ def measure(fleet: Processes, engine: ThreadingHTTPServer, samplers: dict[str, P
     say("SLO edits")
     result |= edits(fleet, args.count, args.edits, progress)
     say("idle fleet")
-    result |= idle(fleet, samplers, setup, args.idle_seconds, progress)
+    # The edits' reconciles, and the next interval of each edited service (its conditions for the new
+    # generation), end before the idle window.
+    time.sleep(args.settle_seconds if args.settle_seconds is not None else setup.control_interval_s + 5)
+    profiler = Profiler(args.profile, {"emulator": fleet.apiserver.pid, "operator": fleet.operator.pid},
+                        f"{label}-idle") if args.profile else None
+    result |= idle(fleet, samplers, setup, args.idle_seconds, progress, profiler)
     if with_pods:
         result |= source_check(fleet, with_pods, setup)
     return result
@@ -595,11 +615,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--control-interval", type=float, default=DEFAULT_CONTROL_INTERVAL_S,
                         help="The operator's control interval, s (SPECFLEET_CONTROL_INTERVAL; default 15). "
                              "Prometheus scrapes every min(15 s, this).")
-    parser.add_argument("--idle-seconds", type=float, default=30.0, help="How long to sample the idle CPU.")
+    parser.add_argument("--idle-seconds", type=float, default=60.0,
+                        help="How long to sample the idle CPU (default 60: four default control intervals).")
+    parser.add_argument("--settle-seconds", type=float, default=None,
+                        help="Pause between the last SLO edit and the idle window (default: one control "
+                             "interval + 5 s, so the edited services' next intervals are not counted as idle).")
     parser.add_argument("--timeout", type=float, default=900, help="Give up on the burst after this many s.")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                        help="py-spy (pip install py-spy) the emulator and the operator during the burst: "
-                             "collapsed stacks in DIR, hot spots in the JSON. Costs CPU: not for figures.")
+                        help="py-spy (pip install py-spy) the emulator and the operator during the burst and the "
+                             "idle window: collapsed stacks in DIR, hot spots in the JSON. Costs CPU: not for "
+                             "figures.")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/operator_scale.json",
                         help="Where the JSON goes (default benchmarks/results/operator_scale.json).")
     args = parser.parse_args()

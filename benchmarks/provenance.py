@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,3 +20,9 @@ def commit() -> str:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     return out.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def stamp(script: str, argv: list[str]) -> dict:
+    """The fields every results file carries: the command that wrote it, the commit, the machine, the date."""
+    return {"command": " ".join([".venv/bin/python", script, *argv]), "commit": commit(), "machine": machine(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

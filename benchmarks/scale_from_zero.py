@@ -5,7 +5,7 @@ its `idleSeconds` lowered to `--idle`; waits until the operator has taken the se
 and its pod is gone; then sends `--requests` concurrent streaming chat completions through the gateway,
 which holds them until the operator (woken by the held-requests annotation) has a replica ready. Reports
 requests sent, succeeded, failed, cut (a stream that ended without a finish_reason), each request's time
-to first token, and the operator's `status.coldStart`.
+to first token, and the operator's `status.coldStart`; writes them to `--json`.
 
     .venv/bin/python benchmarks/scale_from_zero.py --requests 8
 """
@@ -24,12 +24,16 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import stamp  # noqa: E402  (benchmarks/provenance.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 EXAMPLE = ROOT / "manifests/examples/smollm2-cpu-scale-to-zero.yaml"
 
 
 def wait(probe, timeout: float, what: str) -> None:
+    print(f"waiting for {what} (at most {timeout:.0f} s)", flush=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -58,10 +62,11 @@ def stream_one(client, model: str, i: int, out: list) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--idle", type=int, default=10, help="idleSeconds for the run")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/scale_from_zero.json")
     args = parser.parse_args()
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["autoscaling"]["idleSeconds"] = args.idle
@@ -106,8 +111,13 @@ def main() -> None:
     if ttfts:
         print(f"time to first token: min {ttfts[0]:.2f} s, max {ttfts[-1]:.2f} s")
     print(f"status.coldStart: {status.get('coldStart')}")
-    print("decisions: " + ", ".join(f"{d['from']} -> {d['to']} ({d['reason']})"
-                                    for d in status.get("lastDecisions", []) if d["kind"] == "scale"))
+    decisions = [f"{d['from']} -> {d['to']} ({d['reason']})"
+                 for d in status.get("lastDecisions", []) if d["kind"] == "scale"]
+    print("decisions: " + ", ".join(decisions))
+    args.json.write_text(json.dumps({**stamp("benchmarks/scale_from_zero.py", sys.argv[1:]), "idle_seconds": args.idle,
+                                     "sent": args.requests, **counts, "ttft_s": ttfts, "requests": results,
+                                     "cold_start": status.get("coldStart"), "decisions": decisions}, indent=2) + "\n")
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

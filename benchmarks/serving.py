@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
+
 RESULTS = Path(__file__).parent / "results"
 NAME = "smollm2-135m"
 METRICS = ("output_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99")
@@ -118,7 +120,7 @@ def greedy_over_http(c: Contender, prompts: list[str], max_tokens: int) -> dict[
     """Greedy completions, non-streamed and streamed (chunks joined)."""
     import httpx
 
-    from specfleet.cli.bench_cmds import BenchRequest, LoadTarget, send
+    from specfleet.cluster.loadgen import BenchRequest, LoadTarget, send
 
     body = {"model": NAME, "temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
     whole = [httpx.post(f"{c.base_url}/v1/completions", json={**body, "prompt": p}, timeout=300)
@@ -170,7 +172,7 @@ def equality_in_fresh_servers(model: str, servers: int, max_tokens: int, dtype: 
 
 # ---- the timed runs --------------------------------------------------------------------------------
 def one_run(c: Contender, endpoint: str, requests, concurrency: int) -> dict:
-    from specfleet.cli.bench_cmds import LoadTarget, run_load, summarize
+    from specfleet.cluster.loadgen import LoadTarget, run_load, summarize
 
     target = LoadTarget(c.base_url, NAME, "/v1/chat/completions" if endpoint == "chat" else "/v1/completions")
     results, duration = asyncio.run(run_load(target, requests, float("inf"), concurrency, seed=0))
@@ -318,7 +320,7 @@ def _decode_inputs(engine):
 
 
 def main() -> None:
-    from specfleet.cli.bench_cmds import load_tokenizer, random_requests
+    from specfleet.cluster.loadgen import load_tokenizer, random_requests
     from specfleet.engine.builtin import ensure_builtin
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -402,8 +404,9 @@ def main() -> None:
     args.json = args.json or RESULTS / "serving.json"
     args.json.parent.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    args.json.write_text(json.dumps({"config": config | {"model": model}, "equality": equality, "cells": cells,
-                                     "runs": raw}, indent=2))
+    args.json.write_text(json.dumps({**stamp("benchmarks/serving.py", sys.argv[1:]),
+                                     "config": config | {"model": model},
+                                     "equality": equality, "cells": cells, "runs": raw}, indent=2))
     print(f"wrote {args.json}")
 
 

@@ -5,10 +5,10 @@ next to the same trace on real engines (`benchmarks/closed_loop.py`).
     .venv/bin/python benchmarks/sim_to_real.py --real benchmarks/results/closed_loop.json
     .venv/bin/python benchmarks/sim_to_real.py --scale 0.1 --seeds 0 --out /tmp/s2r.json   # a quick check
 
-The simulator replays `SIM_TO_REAL` (operator/simulator/trace.py; with `--real`, the trace that run
+The simulator replays `SIM_TO_REAL` (sim/trace.py; with `--real`, the trace that run
 recorded, so a shortened real run is compared with the same shortened trace) on one replica of
 manifests/examples/smollm2-cpu.yaml with the real speculation controller and online calibration
-(operator/simulator/replay.py), in each speculation mode, with the control interval and dwell the real
+(sim/replay.py), in each speculation mode, with the control interval and dwell the real
 benchmark uses (5 s / 10 s by default). Per phase it reports the median and spread (max - min) over
 seeds; with `--real`, the real run's figures and the sim / real ratio, and whether each lies within
 +-25% (the target). Writes benchmarks/results/sim_to_real.json.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,10 +28,12 @@ from rich.console import Console
 from rich.table import Table
 
 from specfleet.engine import profile_model
-from specfleet.operator.simulator import replay
-from specfleet.operator.simulator.trace import SIM_TO_REAL, Phase, Trace
-from specfleet.operator.simulator import truth
-from specfleet.operator.simulator.truth import find_profile
+from specfleet.sim import replay
+from specfleet.sim.trace import SIM_TO_REAL, Phase, Trace
+from specfleet.sim import truth
+from specfleet.sim.truth import find_profile
+
+from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
@@ -216,7 +219,8 @@ def main() -> None:
     sim = simulate(path, tuple(args.modes), tuple(args.seeds), trace, args.interval, args.dwell, prompts, hits,
                    scales)
     print_sim(console, sim)
-    result = {"profile": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+    result = {**stamp("benchmarks/sim_to_real.py", sys.argv[1:]),
+              "profile": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
               "prompt_tokens": prompts, "prefix_hit": hits, "truth": args.truth, "truth_scales": scales,
               "trace": {"phases": [p.__dict__ for p in trace.phases],
                                                   "max_tokens": trace.max_tokens},

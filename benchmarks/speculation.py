@@ -9,7 +9,7 @@ Writes benchmarks/results/speculation.json (the operator's performance model can
 
 It then compares, per workload, where speculation stops paying: measured (the batch where the
 speed-up crosses 1, interpolated in log batch between measured batches, per repeat: median and
-spread) against predicted (`perfmodel.break_even_batch` of the step cost the operator plans with,
+spread) against predicted (`cost.break_even_batch` of the step cost the operator plans with,
 at the workload's measured acceptance, draft share and k): the measured profile of SmolLM2-135M on CPU from the
 profile catalogue (or `--profile FILE`) and, for reference, the cpu catalogue entry's roofline.
 
@@ -26,8 +26,11 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
+
+from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -216,8 +219,7 @@ def _number(x: float) -> float | str:
 def break_even_table(rows: list[dict], costs: dict, repeats: int) -> list[dict]:
     """Per workload (ngram rows): the measured crossover (median, spread over repeats) and each cost's
     predicted break-even at the pooled measured acceptance, with the relative error."""
-    from specfleet.operator import perfmodel as pm
-    from specfleet.operator.capacity import alpha_from_acceptance
+    from specfleet.operator.cost import alpha_from_acceptance, break_even_batch
 
     out = []
     for workload in ("copy-heavy", "open-ended"):
@@ -240,7 +242,7 @@ def break_even_table(rows: list[dict], costs: dict, repeats: int) -> list[dict]:
         row.update(tokens_per_sequence_step=gain, verify_tokens_per_sequence=verify_q, draft_share=share)
         limit = 4.0 * max(batches)
         # What the controller computes: its cost at the measured acceptance and draft share.
-        predictions = {name: pm.break_even_batch(cost, ctx, alpha, k, limit=limit, share=share)
+        predictions = {name: break_even_batch(cost, ctx, alpha, k, limit=limit, share=share)
                        for name, cost in costs.items()}
         if "profile" in costs:
             predictions["profile_drafting"] = drafting_break_even(costs["profile"], ctx, gain, verify_q, limit)
@@ -316,14 +318,14 @@ def drafting_break_even(cost, ctx: int, gain: float, verify_q: float, limit: flo
 
 def operator_costs(profile_path: str | None) -> dict:
     """The step costs the operator would plan SmolLM2-135M on the cpu entry with: the profile, the roofline."""
-    from specfleet.operator import catalogs, perfmodel as pm
+    from specfleet.operator import catalogs
     from specfleet.operator.api import ModelRef
-    from specfleet.operator.capacity import model_shape
     from specfleet.operator.catalogs.profile_catalog import read_entry
+    from specfleet.operator.cost import Roofline
 
     ref = ModelRef(name="smollm2-135m", source="builtin:smollm2-135m")     # as manifests/examples/smollm2-cpu.yaml
-    costs = {"roofline": pm.Roofline(model_shape(catalogs.models().lookup(ref), ref.dtype),
-                                     catalogs.gpus()["cpu"].calibration(1))}
+    costs = {"roofline": Roofline(catalogs.models().lookup(ref).with_dtype(ref.dtype),
+                                  catalogs.gpus()["cpu"].calibration(1))}
     entry = read_entry(Path(profile_path)) if profile_path else catalogs.profiles().lookup(ref, "cpu")
     if entry is None or entry.cost is None:
         print(f"no usable profile ({entry.error if entry else 'none in the catalogue for smollm2-135m on cpu'})")
@@ -410,7 +412,8 @@ def main() -> None:
     console.print(f"batch size where speculation stops paying: {stops}")
     predictions = predict(rows, operator_costs(args.profile), args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": {**vars(args), "json": str(args.json)}, "rows": rows,
+    args.json.write_text(json.dumps({**stamp("benchmarks/speculation.py", sys.argv[1:]),
+                                     "args": {**vars(args), "json": str(args.json)}, "rows": rows,
                                      "stops_paying_at_batch": stops, **predictions}, indent=2))
 
 

@@ -52,6 +52,18 @@ def wait_server_ready(base: str, proc: subprocess.Popen, timeout: float = 90.0) 
     raise AssertionError("server never became ready")
 
 
+def interrupt(proc: subprocess.Popen | None, timeout: float = 15.0) -> None:
+    """Ctrl-C a child process (its clean shutdown) and SIGKILL it after `timeout`; nothing once it has exited."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:
@@ -87,6 +99,29 @@ class LiveServer:
     def wait_idle(self, timeout: float = 20.0) -> None:
         """Wait until the engine has nothing running or waiting and every HTTP request has returned."""
         wait_for(lambda: not self.state.engine.busy and self.state.in_flight == 0, timeout, 0.02)
+
+
+@contextlib.contextmanager
+def held_after_first_token(server: LiveServer):
+    """The stepping thread waits before the step after the first token until the block exits, so a request
+    stays running however fast the engine is."""
+    engine, gate, produced = server.engine, threading.Event(), threading.Event()
+    real_step = engine.step
+
+    def step():
+        if produced.is_set():
+            gate.wait(30)
+        outputs = real_step()
+        if any(out.new_token_ids for out in outputs):
+            produced.set()
+        return outputs
+
+    engine.step = step
+    try:
+        yield
+    finally:
+        gate.set()
+        del engine.step
 
 
 @contextlib.contextmanager

@@ -1,13 +1,13 @@
 """The real kopf, as a subprocess, runs a tiny operator against the emulator: create, update, status patch,
 delete with a finalizer, and restart + resume."""
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from testkit import interrupt
 
 from tests.cluster.conftest import WIDGETS, widget
 
@@ -27,13 +27,7 @@ class Kopf:
                                      stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        interrupt(self.proc, timeout=10)
 
     def seen(self) -> list[str]:
         return self.events.read_text().splitlines() if self.events.exists() else []

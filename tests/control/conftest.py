@@ -13,7 +13,7 @@ ITL_BOUNDS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.05, math.inf)
 
 @pytest.fixture(scope="session")
 def service():
-    from specfleet.operator.simulator import run, scenarios
+    from specfleet.sim import run, scenarios
 
     spec, plan, model, _truth = run.setup(scenarios.steady())
     return spec, plan, model

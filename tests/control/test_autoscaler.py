@@ -8,8 +8,8 @@ import pytest
 
 from specfleet.operator.control import autoscaler as a
 
-POLICY = a.ScalingPolicy(min_replicas=1, max_replicas=20, scale_up_stabilization_s=30,
-                         scale_down_stabilization_s=300)
+POLICY = a.ScalingPolicy(min_replicas=1, max_replicas=20, scale_up_stabilization_seconds=30,
+                         scale_down_stabilization_seconds=300)
 
 
 def run(model, windows, current, state=None, start=15.0, every=15.0, policy=POLICY):

@@ -10,11 +10,12 @@ import yaml
 from cost_profiles import cpu_catalog
 
 from specfleet.operator import api, capacity, catalogs, planner, status
-from specfleet.operator.control import calibration, loop, runner
-from specfleet.operator.control.calibration import recalibrate, recalibrate_from
+from specfleet.operator.control import loop, runner
 from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.window import StepStat, Window
-from specfleet.operator.step_cost import SCALE_BOUND
+from specfleet.operator.cost import calibration
+from specfleet.operator.cost.calibration import recalibrate, recalibrate_from
+from specfleet.operator.cost.profile import SCALE_BOUND
 
 EXAMPLE = Path(__file__).parents[2] / "manifests/examples/smollm2-cpu.yaml"
 

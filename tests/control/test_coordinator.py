@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from specfleet.operator.control import autoscaler, coordinator, speculation
-from specfleet.operator.capacity import alpha_from_acceptance
+from specfleet.operator.cost import alpha_from_acceptance
 
 SCALING = autoscaler.ScalingPolicy(min_replicas=1, max_replicas=10)
 SPEC = speculation.SpeculationPolicy(mode="auto", max_k=4, min_acceptance=0.5, dwell_s=60)

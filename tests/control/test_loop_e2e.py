@@ -28,7 +28,7 @@ pytest.importorskip("specfleet.cluster.apiserver", reason="the API emulator is n
 from specfleet.cluster.apiserver import running_apiserver  # noqa: E402
 
 from specfleet.operator import api, render  # noqa: E402
-from testkit import service_account_kubeconfigs  # noqa: E402
+from testkit import interrupt, service_account_kubeconfigs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -99,11 +99,7 @@ def operator_for(tmp: Path, urls: dict, ns: str, env: dict, autoscaling: dict):
         try:
             yield client.AppsV1Api(api_client), client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            interrupt(proc, timeout=15)
             print((tmp / "operator.log").read_text()[-3000:])
 
 

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from specfleet.engine import profile_model as P
-from specfleet.operator import perfmodel as pm
+from specfleet.operator import cost
 from specfleet.operator.catalogs import NO_PROFILES
 from specfleet.operator.control.window import build_window
-from specfleet.operator.simulator import fleet as F, replay, run, truth as T
-from specfleet.operator.simulator.trace import Phase, Trace
+from specfleet.sim import fleet as F, replay, run, truth as T
+from specfleet.sim.trace import Phase, Trace
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_SPEC = yaml.safe_load((ROOT / "manifests/examples/smollm2-cpu.yaml").read_text())["spec"]
@@ -61,8 +61,8 @@ def test_a_share_of_drafting_sequences_yields_fewer_tokens_per_step_at_a_cheaper
     _run(half, 0.5)
     _run(full, 1.0)
     (tokens_half, step_half), (tokens_full, step_full) = _per_step(half), _per_step(full)
-    assert tokens_half == pytest.approx(pm.expected_tokens(ALPHA, K, 0.5), rel=1e-6)
-    assert tokens_full == pytest.approx(pm.expected_tokens(ALPHA, K), rel=1e-6)
+    assert tokens_half == pytest.approx(cost.expected_tokens(ALPHA, K, 0.5), rel=1e-6)
+    assert tokens_full == pytest.approx(cost.expected_tokens(ALPHA, K), rel=1e-6)
     assert tokens_half < tokens_full
     assert step_half == pytest.approx(0.16 + 0.004 * 10 * (1 + 0.5 * K))      # verify fit at q = 1 + share x k
     assert step_half < step_full == pytest.approx(0.16 + 0.004 * 10 * (1 + K))
@@ -90,12 +90,12 @@ def test_the_scraped_counters_give_the_draft_share_while_on_and_off():
     cur = fleet.scrape(t)
     on = build_window(prev, cur, expected=1)
     assert on.draft_share == pytest.approx(0.5) and on.draft_shares == pytest.approx((0.5,) * 4)
-    assert on.acceptance_rate == pytest.approx((pm.expected_tokens(ALPHA, K) - 1) / K)
-    assert on.mean_accepted_length == pytest.approx(pm.expected_tokens(ALPHA, K))   # per draft, not per step
+    assert on.acceptance_rate == pytest.approx((cost.expected_tokens(ALPHA, K) - 1) / K)
+    assert on.mean_accepted_length == pytest.approx(cost.expected_tokens(ALPHA, K))   # per draft, not per step
     fleet.set_speculation(False, K)
     t2 = _run(fleet, 0.5, t)
     off = build_window(cur, fleet.scrape(t2), expected=1)
-    per_token = tuple(pm.share_per_token(0.5, ALPHA, depth) for depth in range(1, 5))   # off: after every token
+    per_token = tuple(cost.share_per_token(0.5, ALPHA, depth) for depth in range(1, 5))   # off: after every token
     assert off.draft_shares == pytest.approx(per_token) and off.draft_share is None
     assert off.counterfactual_acceptance_rate == pytest.approx(on.acceptance_rate)
 
@@ -112,12 +112,12 @@ def test_shares_by_depth_price_each_pod_at_its_own_depth_and_read_back_the_same_
     assert on.draft_share == pytest.approx(0.5)                   # drafted at k = 2
     assert on.draft_shares == pytest.approx(SHARES)
     tokens, step = _per_step(fleet)
-    assert tokens == pytest.approx(pm.expected_tokens(ALPHA, 2, 0.5), rel=1e-6)
+    assert tokens == pytest.approx(cost.expected_tokens(ALPHA, 2, 0.5), rel=1e-6)
     assert step == pytest.approx(0.16 + 0.004 * 10 * (1 + 0.5 * 2))
     fleet.set_speculation(False, 2)
     off = build_window(cur, fleet.scrape(_run(fleet, SHARES, t)), expected=1)
     assert off.draft_share is None
-    assert [pm.share_per_step(x, ALPHA, j) for j, x in enumerate(off.draft_shares, 1)] == pytest.approx(SHARES)
+    assert [cost.share_per_step(x, ALPHA, j) for j, x in enumerate(off.draft_shares, 1)] == pytest.approx(SHARES)
 
 
 def test_every_sequence_step_drafts_at_share_one():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specfleet.operator.simulator import fleet as F, run, scenarios
+from specfleet.sim import fleet as F, run, scenarios
 
 BIN = Path(sys.executable).parent
 KEYS = {"slo_attainment", "goodput", "gpu_hours", "scaling_actions", "speculation_switches"}
@@ -190,7 +190,7 @@ def _has_matplotlib() -> bool:
 
 
 def test_the_operator_side_never_imports_torch():
-    code = ("import sys; import specfleet.operator.handlers, specfleet.operator.simulator.run, "
+    code = ("import sys; import specfleet.operator.handlers, specfleet.sim.run, "
             "specfleet.operator.metrics_source; assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

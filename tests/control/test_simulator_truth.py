@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from specfleet.engine import profile_model as P
-from specfleet.operator import perfmodel as pm
+from specfleet.operator import cost
 from specfleet.operator.catalogs import NO_PROFILES
-from specfleet.operator.simulator import fleet as F, replay, run, scenarios, truth as T
-from specfleet.operator.simulator.trace import Phase, Trace
+from specfleet.sim import fleet as F, replay, run, scenarios, truth as T
+from specfleet.sim.trace import Phase, Trace
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_SPEC = yaml.safe_load((ROOT / "manifests/examples/smollm2-cpu.yaml").read_text())["spec"]
@@ -31,7 +31,7 @@ def profile(decode_a: float = 0.08, per_token: float = 0.004, verify_a: float = 
     return P.Profile("smollm2-135m", "cpu", "float32", {}, "", "test", [], fit, acceptance)
 
 
-def _decoded(prof: P.Profile, cal: pm.Calibration | None = None) -> float:
+def _decoded(prof: P.Profile, cal: cost.Calibration | None = None) -> float:
     """Tokens one pod's 10 running sequences decode in 1 s with `prof` as the truth."""
     spec, plan, model, truth = run.setup_spec(replay.service_spec(CPU_SPEC, "off"), prof, NO_PROFILES)
     if cal is not None:
@@ -52,7 +52,7 @@ def test_the_simulated_step_time_comes_from_the_profile():
 
 
 def test_the_controllers_roofline_calibration_does_not_change_the_truth():
-    slow = pm.Calibration(bw_eff=1e8, flops_eff=1e9, t_fixed=1.0)
+    slow = cost.Calibration(bw_eff=1e8, flops_eff=1e9, t_fixed=1.0)
     assert _decoded(profile(), slow) == _decoded(profile())
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specfleet.operator import perfmodel as pm
+from specfleet.operator import cost
 from specfleet.operator.control import speculation as s
-from specfleet.operator.capacity import alpha_from_acceptance
+from specfleet.operator.cost import alpha_from_acceptance
 
 POLICY = s.SpeculationPolicy(mode="auto", max_k=4, min_acceptance=0.5, dwell_s=60, reprobe_s=300)
 
@@ -236,7 +236,7 @@ def test_the_share_is_priced_at_each_depth_and_alike_on_and_off(model, make_wind
     no_band = replace(POLICY, speedup_band=0.0)         # one threshold for both states
     (on,), _ = feed(m, [window], s.SpeculationState(True, 1, since=0.0), policy=no_band)
     # Off, the engines propose after every token: the same text reads a larger share per token.
-    per_token = tuple(pm.share_per_token(x, on.alpha, k) for k, x in enumerate(shares, start=1))
+    per_token = tuple(cost.share_per_token(x, on.alpha, k) for k, x in enumerate(shares, start=1))
     assert all(t > x for t, x in zip(per_token, shares))
     (off,), _ = feed(m, [replace(window, draft_shares=per_token)], s.SpeculationState(False, 1, since=0.0),
                      policy=no_band)

@@ -87,8 +87,20 @@ def test_the_gateway_starts_without_numpy_or_torch():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("module", ["specfleet.engine.profile_format", "specfleet.operator.step_cost",
+@pytest.mark.parametrize("module", ["specfleet.engine.profile_format", "specfleet.operator.cost",
                                     "specfleet.operator.catalogs"])
 def test_the_profile_format_is_pure_python(module):
     done = run_blocked("operator", f"import {module}")
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_simulate_says_what_it_needs_where_the_simulator_cannot_import():
+    done = run_blocked("operator", """
+        from typer.testing import CliRunner
+        from specfleet.cli.main import app
+        result = CliRunner().invoke(app, ["simulate", "--scenario", "steady"])
+        print(result.exit_code, result.output)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("1 "), done.stdout
+    assert "cannot import the simulator (No module named 'numpy'" in done.stdout, done.stdout

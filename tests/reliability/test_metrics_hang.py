@@ -41,7 +41,7 @@ async def _serve() -> tuple[web.AppRunner, str]:
 
 
 async def test_a_hanging_metrics_endpoint_times_out_and_blocks_any_scale_down():
-    from specfleet.operator.simulator import run, scenarios
+    from specfleet.sim import run, scenarios
 
     _spec, _plan, model, _truth = run.setup(scenarios.steady())
     runner, base = await _serve()
@@ -57,7 +57,7 @@ async def test_a_hanging_metrics_endpoint_times_out_and_blocks_any_scale_down():
     assert elapsed < 3.0                                        # bounded by the timeout, not the hang
     window = build_window(first, second, expected=2)
     assert window is not None and not window.complete
-    policy = autoscaler.ScalingPolicy(min_replicas=1, max_replicas=4, scale_down_stabilization_s=0)
+    policy = autoscaler.ScalingPolicy(min_replicas=1, max_replicas=4, scale_down_stabilization_seconds=0)
     decision, _ = autoscaler.decide(window, model, 3, policy, autoscaler.AutoscalerState(), now=1000.0)
     assert decision.desired == 3 and decision.reason == "MetricsUnavailable", decision
     none_decision, _ = autoscaler.decide(None, model, 3, policy, autoscaler.AutoscalerState(), now=1000.0)

@@ -22,7 +22,7 @@ def test_events_replay_in_resource_version_order(http):
     events = watch(http, CONFIGMAPS, resourceVersion=rv)
     assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
     versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
-    assert versions == sorted(versions) and events[-1]["object"]["data"] == {"x": "1"}
+    assert versions == sorted(versions) and versions[0] > int(rv) and events[-1]["object"]["data"] == {"x": "1"}
 
 
 def test_refused_requests_emit_no_events(http):

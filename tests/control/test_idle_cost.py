@@ -1,0 +1,151 @@
+"""What keeps an idle fleet cheap: a step that changes nothing writes nothing (no status patch for a window
+length alone, no publish for an unchanged outcome), the scheduler keeps each body as compact JSON of the
+fields a step reads, and the operator's API client keeps a connection per calling thread."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from specfleet.operator import kube, status
+from specfleet.operator.control import loop, scheduler
+from specfleet.operator.control.discovery import EngineView
+from specfleet.operator.control.runner import ControlOutcome
+from tests.control.test_scheduler import INTERVAL, FakeControl, _run_for, serving_pod
+
+
+def _step(observed: dict, events=()) -> loop.Step:
+    return loop.Step(None, None, observed, [], [], list(events))
+
+
+def _body(observed: dict) -> dict:
+    return {"metadata": {"name": "chat", "generation": 1}, "status": {"observed": observed}}
+
+
+def test_observed_is_rewritten_only_when_a_measured_value_changes():
+    old = {"window": "15s", "queueDepth": 0.0}
+    assert "observed" not in loop.status_patch(_body(old), _step({"window": "14s", "queueDepth": 0.0}), "t")
+    assert "observed" not in loop.status_patch(_body(old), _step({"window": "30s", "queueDepth": 0.0}), "t")
+    assert loop.status_patch(_body(old), _step({"window": "15s", "queueDepth": 2.0}), "t")["observed"] == {
+        "window": "15s", "queueDepth": 2.0}
+    assert loop.status_patch(_body({}), _step({"window": "15s"}), "t")["observed"] == {"window": "15s"}
+    gone = loop.status_patch(_body({"window": "15s", "ttftP99Ms": 90.0}), _step({"window": "15s"}), "t")
+    assert gone["observed"] == {"window": "15s"}
+
+
+def test_status_changes_ignores_only_transition_times_and_fields_the_patch_leaves_alone():
+    old = {"observed": {"queueDepth": 0.0}, "plan": {"k": 1},
+           "conditions": [{"type": "SLOMet", "status": "Unknown", "lastTransitionTime": "a"}]}
+    same = {"conditions": [{"type": "SLOMet", "status": "Unknown", "lastTransitionTime": "b"}]}
+    assert not status.changes(old, same)
+    assert status.changes(old, {**same, "observed": {"queueDepth": 1.0}})
+    assert status.changes(old, {"conditions": [{"type": "SLOMet", "status": "True", "lastTransitionTime": "b"}]})
+
+
+class Unchanging(FakeControl):
+    """Reports the same status every interval, and an Event on its third."""
+
+    async def interval(self, body, pods, replicas, when):
+        self.steps.append("interval")
+        events = [("Normal", "Third", "x")] if self.steps.count("interval") == 3 else []
+        return ControlOutcome({"observed": {"queueDepth": 0.0}}, events)
+
+
+def test_a_step_that_changes_nothing_is_not_published_but_one_with_events_is():
+    view, published = EngineView(), []
+    view.pod_changed(serving_pod("quiet"))
+
+    async def publish(body, outcome):
+        published.append(outcome.events)
+
+    async def main():
+        sched = scheduler.ControlScheduler(view, publish)
+        control = Unchanging("quiet")
+        body = {"metadata": {"name": "quiet"}, "status": {"observed": {"queueDepth": 0.0}}}
+        sched.track(("ns", "quiet"), control, scheduler.StoredBody.of(body))
+        await _run_for(INTERVAL * 4.5, sched)
+        return control
+    control = asyncio.run(main())
+    assert control.steps.count("interval") >= 3
+    assert published == [[("Normal", "Third", "x")]]
+
+
+def test_the_stored_body_keeps_what_a_step_reads_and_drops_kopfs_bookkeeping():
+    body = {"apiVersion": "specfleet.io/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": "ns", "uid": "u-1", "generation": 3, "resourceVersion": "9",
+                         "labels": {"team": "a"},
+                         "annotations": {"specfleet.io/last-handled-configuration": "{" + "x" * 2000 + "}"},
+                         "managedFields": [{"manager": "kopf", "fieldsV1": {"f:status": {}}}] * 20},
+            "spec": {"model": {"name": "m"}, "slo": {"itlP99Ms": 200}},
+            "status": {"observedGeneration": 3, "conditions": [{"type": "Ready", "status": "True"}]}}
+    stored = scheduler.StoredBody.of(body)
+    again = stored()
+    assert again["spec"] == body["spec"] and again["status"] == body["status"]
+    assert again["metadata"] == {"name": "chat", "namespace": "ns", "uid": "u-1", "generation": 3,
+                                 "resourceVersion": "9", "labels": {"team": "a"}}
+    assert again["apiVersion"] == body["apiVersion"] and again["kind"] == body["kind"]
+    assert len(stored.data) < 400
+    again["status"]["phase"] = "changed"            # each call gives a fresh copy
+    assert "phase" not in stored()["status"]
+
+
+def test_the_api_client_keeps_a_connection_for_every_thread_that_calls_it(tmp_path, monkeypatch):
+    assert kube.connection_pool_size(16, cpus=2) == 22
+    assert kube.connection_pool_size(16, cpus=64) == 48
+    config = tmp_path / "kubeconfig"
+    config.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                      "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                      "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n")
+    from kubernetes.config import kube_config
+
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))   # read at its import
+    client = kube.Kube.from_environment()
+    pool = client.core.api_client.rest_client.pool_manager.connection_pool_kw
+    assert pool["maxsize"] == kube.connection_pool_size()
+    assert client.core.api_client.configuration.host == "http://127.0.0.1:1"
+
+
+class _KeepAlive(BaseHTTPRequestHandler):
+    """Answers every request 200 `{}` over HTTP/1.1 keep-alive, counting the connections it was given."""
+
+    protocol_version = "HTTP/1.1"
+    connections: list[int] = []
+
+    def setup(self) -> None:
+        super().setup()
+        self.connections.append(1)
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b'{"kind": "Status", "metadata": {}}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PATCH = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_writes_whose_answer_is_not_read_reuse_one_connection():
+    from kubernetes import client
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        configuration = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+        k = kube.Kube(client.ApiClient(configuration))
+        for i in range(5):
+            k.patch_service_status("ns", "chat", {"desiredReplicas": i})
+            k.scale("Deployment", "ns", "chat", i)
+            k.post_event({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}},
+                         "Normal", "R", "m", "2026-01-01T00:00:00Z")
+        assert len(_KeepAlive.connections) == 1
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -196,6 +196,44 @@ def sim_within(d: dict) -> str:
 
 # --- the registry -----------------------------------------------------------------------------------------
 
+# --- multi-LoRA -------------------------------------------------------------------------------------------
+
+LORA = "lora.json"
+LORA_METRICS = {"output_throughput": ("output tok/s", 1), "ttft_p50": ("TTFT p50 (ms)", 0),
+                "ttft_p99": ("TTFT p99 (ms)", 0), "tpot_p50": ("TPOT p50 (ms)", 0), "tpot_p99": ("TPOT p99 (ms)", 0)}
+
+
+def lora_table(d: dict) -> str:
+    def cell(s: dict, digits: int) -> str:
+        f = f"{{:.{digits}f}}"
+        return f"{f.format(s['median'])} [{f.format(s['min'])}-{f.format(s['max'])}]"
+    rows = [[name, cell(d["cells"]["base"][key], digits), cell(d["cells"]["lora"][key], digits),
+             f"{d['lora/base'][key]:.2f}"] for key, (name, digits) in LORA_METRICS.items()]
+    return table(["metric", "base", "lora", "lora/base"], rows)
+
+
+def lora_setup(d: dict) -> str:
+    c = d["config"]
+    return (f"{c['repeats']} runs per mode, {c['prompts_per_slot'] * c['concurrency']} timed requests of "
+            f"{c['random_input_len']} prompt and {c['random_output_len']} output tokens per run, concurrency "
+            f"{c['concurrency']}, {c['adapters']} adapters of rank {c['rank']}")
+
+
+# --- GPU speculation: published against priced -------------------------------------------------------------
+
+PUBLISHED = "published_speculation.json"
+
+
+def published_table(series_id: str) -> Callable[[dict], str]:
+    def render(d: dict) -> str:
+        s = next(x for x in d["series"] if x["id"] == series_id)
+        rows = s["rows"]
+        ks = {r["k"] for r in rows}
+        header = ["batch"] + [str(r["batch"]) if len(ks) == 1 else f"{r['batch']} (k={r['k']})" for r in rows]
+        return table(header, [[name] + [f"{r[name]:.2f}" for r in rows]
+                              for name in ("published", "roofline", "proposal")])
+    return render
+
 FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("engine.vs_transformers", ENGINE, lambda d: times(d["ratios"]["transformers_static16"])),
     Figure("engine.vs_vllm", ENGINE, lambda d: times(d["ratios"]["vllm_cpu"])),
@@ -225,4 +263,12 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("sim_to_real.real_scales.within", SIM_REAL, sim_within),
     Figure("sim_to_real.provenance", SIM_REAL, provenance_line),
     Figure("control.provenance", CONTROL, provenance_line),
+    Figure("lora.table", LORA, lora_table),
+    Figure("lora.ratio", LORA, lambda d: f"{d['lora/base']['output_throughput']:.3f}×"),
+    Figure("lora.setup", LORA, lora_setup),
+    Figure("lora.provenance", LORA, provenance_line),
+    Figure("speculation_gpu.provenance", PUBLISHED, provenance_line),
+    *(Figure(f"speculation_gpu.{series}", PUBLISHED, published_table(series)) for series in (
+        "eagle3-sglang-h100-eagle3", "eagle3-sglang-h100-eagle", "eagle3-vllm-rtx3090-eagle3",
+        "eagle3-vllm-rtx3090-eagle", "magicdec-a100x8-self-llama-3.1-8b-32k", "magicdec-h100x8-self-llama-3.1-8b-32k")),
 ]}

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from provenance import commit   # benchmarks/: the script's own folder is on sys.path
+from provenance import stamp   # benchmarks/: the script's own folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))          # tests/published_pricing.py: shared with the test
@@ -64,8 +64,8 @@ def main() -> None:
     console = Console()
     for result in results:
         console.print(table(result))
-    OUT.write_text(json.dumps({"commit": commit(), "data": str(DATA.relative_to(ROOT)),
-                               "command": "python benchmarks/published_speculation.py",
+    OUT.write_text(json.dumps({**stamp("benchmarks/published_speculation.py", sys.argv[1:]),
+                               "data": str(DATA.relative_to(ROOT)),
                                "note": "priced arithmetic, not a measurement: one run is the result",
                                "series": results}, indent=2) + "\n")
     console.print(f"wrote {OUT.relative_to(ROOT)}")

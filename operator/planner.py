@@ -25,8 +25,8 @@ from specfleet.operator.catalogs import Gpu, GpuCatalog, ModelCatalog
 from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, ProfileCatalog
 from specfleet.operator.cost import (Architecture, Calibration, CostSource, ProfileCost, Roofline, StepCost, best_k,
                                      draft_time_fn, goodput, kv_blocks, kv_bytes_per_token, kv_pool_bytes,
-                                     max_batch_for_speculation, max_num_seqs, no_draft_cost, planned_source,
-                                     prefill_time, spec_step_time, token_budget, weights_bytes)
+                                     lora_slot_bytes, max_batch_for_speculation, max_num_seqs, no_draft_cost,
+                                     planned_source, prefill_time, spec_step_time, token_budget, weights_bytes)
 
 BLOCK_SIZE = 16
 GPU_MEMORY_UTILIZATION = 0.90
@@ -205,7 +205,7 @@ def _largest_batch_with_chunk(cost, batch, ctx, prompt, itl, ttft) -> tuple[int,
 def lora_bytes(spec: InferenceServiceSpec, shape: Architecture) -> int:
     """The adapter slots' memory; 0 with LoRA off."""
     limits = spec.lora_limits
-    return 0 if limits is None else capacity.lora_slot_bytes(shape, limits.max_loras, limits.max_lora_rank)
+    return 0 if limits is None else lora_slot_bytes(shape, limits.max_loras, limits.max_lora_rank)
 
 
 def _memory_infeasible(spec, shape, gpu, tp, blocks) -> Infeasible:

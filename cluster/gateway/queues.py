@@ -31,10 +31,6 @@ async def scrape(session: aiohttp.ClientSession, balancer: Balancer, url: str) -
     return sum(values), served_adapters(text)
 
 
-async def waiting_of(session: aiohttp.ClientSession, balancer: Balancer, url: str) -> float | None:
-    return (await scrape(session, balancer, url))[0]
-
-
 async def poll_forever(session: aiohttp.ClientSession, balancer: Balancer,
                        on_round: Callable[[bool], None] = lambda changed: None) -> None:
     """Poll every ready pod, forever; `on_round(adapters_changed)` after each round."""

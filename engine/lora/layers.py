@@ -9,7 +9,7 @@ own output columns through B^T, so the fused LoRA is block-diagonal and exactly 
 Each step `LoRABatch.set` hands the per-token slot indices (-1: base) to the ops object's `prepare` once;
 every projection's `add_lora` then reads that state. On CPU (`TorchLoRAOps`) the state groups the adapter
 rows by slot, padded to the longest group (`RowGroups`), and a projection costs one gather, two batched
-GEMMs over the slots in use (x_g @ A[slot]^T, then @ B^T[slot]) and one index_add into y: close to the ideal
+GEMMs over the slots in use (x_g @ A[slot]^T, then @ B^T[slot]) and a gather back added into y: close to the ideal
 LoRA FLOPs for a decode batch spread over adapters, never more than one GEMM over every slot per row, and
 no per-adapter Python loop. On CUDA `engine/kernels/lora.py` (Punica's SGMV idea in triton) does the same
 per slot segment. Steps where no row has an adapter skip the op; an engine without LoRA wraps nothing.

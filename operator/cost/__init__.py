@@ -8,7 +8,7 @@ plain data). One calibration (`calibration.py`): the roofline fit and the online
 cost from observed steps. The planner, the control loop and the simulator all price steps through it.
 
     shapes.py       Architecture (the CRD's spec.model.architecture too), dtype sizes
-    memory.py       weights, KV per token, KV pool and blocks
+    memory.py       weights, KV per token, KV pool and blocks, LoRA adapter slots
     speculation.py  tokens per step, goodput, k*, maxBatchForSpeculation, break-even batch
     sizing.py       the ITL batch, the token budget, prefill time
     observed.py     observed steps against a cost (prediction, fit error)
@@ -18,7 +18,8 @@ Pure and torch-free, numpy-free: the operator's image has neither.
 """
 from specfleet.operator.cost.calibration import StepSample, fit_calibration, recalibrate, recalibrate_from
 from specfleet.operator.cost.interface import StepCost
-from specfleet.operator.cost.memory import GiB, kv_blocks, kv_bytes_per_token, kv_pool_bytes, weights_bytes
+from specfleet.operator.cost.memory import (GiB, kv_blocks, kv_bytes_per_token, kv_pool_bytes, lora_slot_bytes,
+                                            weights_bytes)
 from specfleet.operator.cost.observed import ObservedStep, fit_error, predicted
 from specfleet.operator.cost.profile import ProfileCost, profile_cost, refine
 from specfleet.operator.cost.roofline import Calibration, Roofline, mixed_step_time, step_time
@@ -33,7 +34,7 @@ from specfleet.operator.cost.speculation import (DraftTime, Share, alpha_from_ac
 __all__ = ["Architecture", "Calibration", "CostSource", "DraftTime", "GiB", "ObservedStep", "ProfileCost",
            "Roofline", "Share", "StepCost", "StepSample", "alpha_from_acceptance", "best_k", "break_even_batch",
            "draft_time_fn", "dtype_bytes", "expected_tokens", "fit_calibration", "fit_error", "goodput", "goodputs",
-           "kv_blocks", "kv_bytes_per_token", "kv_pool_bytes", "max_batch_for_speculation", "max_num_seqs",
+           "kv_blocks", "kv_bytes_per_token", "kv_pool_bytes", "lora_slot_bytes", "max_batch_for_speculation", "max_num_seqs",
            "mixed_step_time", "no_draft_cost", "planned_source", "predicted", "prefill_time", "profile_cost",
            "recalibrate", "recalibrate_from", "refine", "share_at", "share_per_step", "share_per_token",
            "spec_step_time", "step_time", "token_budget", "weights_bytes"]

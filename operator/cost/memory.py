@@ -37,3 +37,14 @@ def kv_pool_bytes(model: Architecture, gpu_memory: float, utilization: float, tp
 def kv_blocks(pool_bytes: float, block_size: int, kv_per_token: int) -> int:
     """Whole KV blocks in a pool (0 when the pool is empty or negative)."""
     return max(0, int(pool_bytes // (block_size * kv_per_token)))
+
+
+def lora_slot_bytes(shape: Architecture, max_loras: int, max_rank: int) -> int:
+    """Memory of the engine's adapter slots: per slot and layer, each projection's A [r, in] and B [r, out] at
+    the maximum rank, laid out as the engine holds them (engine/lora/layers.py: q, k, v stacked along the
+    rank against the fused qkv output, gate and up against gate_up), in the model's dtype."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    fused = ((3, h, q + 2 * kv), (1, q, h), (2, h, 2 * i), (1, i, h))     # (parts, in, out): qkv, o, gate_up, down
+    per_layer = sum(parts * max_rank * (fan_in + fan_out) for parts, fan_in, fan_out in fused)
+    return max_loras * shape.num_layers * per_layer * shape.dtype_bytes

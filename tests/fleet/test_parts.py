@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from specfleet.cluster.gateway import AFFINITY_SLACK, Balancer, Endpoint, Route, prefix_key, routes_from
-from specfleet.cluster.gateway.queues import waiting_of
+from specfleet.cluster.gateway.queues import scrape
 from specfleet.cluster.node_agent import addresses, scheduling
 from specfleet.cluster.node_agent import controller as ctl
 from specfleet.cluster.node_agent import volumes as vol
@@ -191,8 +191,8 @@ async def test_the_queue_poll_reads_the_engine_s_waiting_gauge_and_unknown_is_no
     session = aiohttp.ClientSession()
     try:
         g.sent = {url: 3, dead: 2}
-        assert await waiting_of(session, g, url) == 4.0 and url not in g.sent       # the engine counts those now
-        assert await waiting_of(session, g, dead) is None and g.sent[dead] == 2     # unreadable: keep our own count
+        assert (await scrape(session, g, url))[0] == 4.0 and url not in g.sent       # the engine counts those now
+        assert (await scrape(session, g, dead))[0] is None and g.sent[dead] == 2     # unreadable: keep our own count
     finally:
         await session.close()
         await runner.cleanup()

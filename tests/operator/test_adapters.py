@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specfleet.operator import adapters, api, capacity, planner, render, status
+from specfleet.operator import adapters, api, capacity, cost, planner, render, status
 from specfleet.operator.adapters import Desired, PodResult
 from tests.operator.conftest import BASE, deep_merge
 
@@ -65,7 +65,7 @@ def test_slot_bytes_equal_what_the_engine_allocates(tiny_llama):
     allocated = sum(m.lora_a.numel() * 4 + m.lora_bt.numel() * 4 for layer in slots.layers for m in layer.values())
     arch = api.Architecture(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, head_dim=16,
                             intermediate_size=128, vocab_size=512, parameters=139584)
-    assert capacity.lora_slot_bytes(arch.with_dtype("float32"), 3, 8) == allocated
+    assert cost.lora_slot_bytes(arch.with_dtype("float32"), 3, 8) == allocated
 
 
 def test_adapter_slots_shrink_the_kv_pool_by_their_bytes(gpus, models):

@@ -339,7 +339,10 @@ class FirstSeen(threading.Thread):
     def close(self) -> None:
         self.stop.set()
         if self.response is not None:
-            self.response.shutdown()        # wakes the read in `run`
+            try:
+                self.response.shutdown()        # wakes the read in `run`
+            except RuntimeError:                # the stream already ended and went back to the pool
+                pass
 
     def _event(self, event: dict) -> None:
         obj = event["object"]

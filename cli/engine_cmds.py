@@ -130,7 +130,13 @@ def serve(
     max_cpu_loras: Optional[int] = typer.Option(None, help="LoRA adapters kept loaded on CPU (default: --max-loras)."),
     lora_modules: list[str] = typer.Option(
         [], "--lora-modules", help="Adapters to serve from start-up: name=path or JSON "
-                                   "'{\"name\":..,\"path\":..,\"base_model_name\":..}'; several may follow one flag."),
+                                   "'{\"name\":..,\"path\":..,\"base_model_name\":..}'; several may follow one flag. "
+                                   "A path may be an https:// folder URL or an oci:// reference (fetched first)."),
+    lora_cache_dir: Optional[str] = typer.Option(
+        None, help="Where https:// and oci:// adapters are fetched to (default: ~/.cache/specfleet/lora)."),
+    lora_insecure_registries: str = typer.Option(
+        "", help="Comma-separated hosts (host or host:port) whose oci:// and http:// adapters are fetched over "
+                 "plain http (localhost always is)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with Prometheus metrics and an admin API."""
     from specfleet.engine.config import EngineConfig
@@ -150,7 +156,8 @@ def serve(
             speculation_enabled=_parse_bool(speculation_enabled, "--speculation-enabled"),
             max_waiting_requests=max_waiting_requests, ttft_deadline_ms=ttft_deadline_ms, itl_target_ms=itl_target_ms,
             dtype=dtype, device=device, seed=seed, enable_lora=enable_lora, max_loras=max_loras,
-            max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
+            max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, lora_cache_dir=lora_cache_dir,
+            lora_insecure_registries=tuple(h.strip() for h in lora_insecure_registries.split(",") if h.strip()))
         limits = ServerLimits(max_request_bytes=max_request_bytes, max_stop_strings=max_stop_strings)
         api_keys = load_api_keys(api_key, api_key_file)
         modules = _lora_modules(lora_modules, ctx.args, enable_lora)

@@ -12,10 +12,8 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
-import yaml
 
 log = logging.getLogger("specfleet.api_client")
 MERGE = "application/merge-patch+json"
@@ -47,13 +45,6 @@ class ApiCallError(Exception):
     @property
     def forbidden(self) -> bool:
         return self.status == 403
-
-
-def server_url(kubeconfig: str | Path) -> str:
-    """The API server URL of a kubeconfig's current context."""
-    config = yaml.safe_load(Path(kubeconfig).read_text())
-    context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
-    return next(c["cluster"]["server"] for c in config["clusters"] if c["name"] == context["cluster"])
 
 
 def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:

@@ -55,6 +55,10 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # Where https:// and oci:// adapters are fetched to (None: ~/.cache/specfleet/lora), and the registries
+    # (host or host:port) reached over plain http besides localhost.
+    lora_cache_dir: str | None = None
+    lora_insecure_registries: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

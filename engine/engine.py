@@ -26,7 +26,7 @@ from specfleet.engine.sampler import SamplingTensors, sample_tokens, token_logpr
 from specfleet.engine.sampling_params import SamplingParams
 from specfleet.engine.scheduler import Scheduler, SchedulerOutput
 from specfleet.engine.sequence import Sequence
-from specfleet.engine.speculative.control import SpeculationControl, SpeculationNotConfigured  # noqa: F401
+from specfleet.engine.speculative.control import SpeculationControl
 from specfleet.engine.speculative.draft import DraftProposer
 from specfleet.engine.speculative.ngram import NgramProposer
 from specfleet.engine.speculative.speculator import Speculator
@@ -285,7 +285,6 @@ class LLMEngine:
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.stats.prompt_tokens += seq.num_prompt_tokens
-        seq.last_token_time = now
         new: list[int] = []
         for token in tokens:
             seq.token_ids.append(token)

@@ -102,9 +102,6 @@ class Profile:
             raise KeyError(f"the profile has no fit for {kind} steps")
         return self.fit[kind].seconds(batch, context, q)
 
-    def prefill_seconds(self, chunk_tokens: int, context: int) -> float:
-        return self.fit["prefill"].seconds(1, context, chunk_tokens)
-
     def to_json(self) -> dict:
         out = {"version": self.version, "model": self.model, "device": self.device, "dtype": self.dtype,
                "host": self.host, "engine_commit": self.engine_commit, "created": self.created,

@@ -1,8 +1,9 @@
 """An InferenceService's LoRA adapters, live: what each engine pod loads and unloads, and what status says.
 
-Pure. `desired(spec)` resolves each declared adapter to the folder the engine loads, relative to the model
-volume (the engine's working directory when LoRA is on, `render._working_dir`), or to the reason it cannot
-be served here (a URL source, a PVC other than the model's). `loaded_from_models` reads a pod's
+Pure. `desired(spec)` resolves each declared adapter to what the engine loads: a folder relative to the model
+volume (the engine's working directory when LoRA is on, `render._working_dir`), an https:// or oci:// source
+as written (the engine fetches it, and reports it back as the `root` of its `/v1/models` card), or the reason
+it cannot be served here (an hf:// source, a PVC other than the model's). `loaded_from_models` reads a pod's
 `/v1/models`; `actions` diffs the two into unloads and loads; `outcome_of` classifies the engine's answer
 to one of them; `report` folds the pods' results into `status.adapters`; `problems` lists what the
 Degraded condition says; `events` says what changed. `control/adapter_sync.py` is the I/O around it.
@@ -15,11 +16,13 @@ from typing import Mapping, Sequence
 from specfleet.operator.api import Adapter, InferenceServiceSpec, parse_source
 
 OK, GONE, BUSY, DISABLED, FAILED = "ok", "gone", "busy", "disabled", "failed"
+FETCHED = ("https", "http", "oci")         # sources the engine downloads (engine/lora/fetch.py)
 
 
 @dataclass(frozen=True)
 class Desired:
-    """One declared adapter as the engine is to load it: `path` (relative to the model volume), or `error`."""
+    """One declared adapter as the engine is to load it: `path` (relative to the model volume, or the remote
+    source the engine fetches), or `error`."""
 
     name: str
     path: str | None
@@ -49,12 +52,15 @@ def desired(spec: InferenceServiceSpec) -> list[Desired]:
 
 
 def resolve(adapter: Adapter, model_source: str) -> Desired:
-    """The folder the engine loads `adapter` from, relative to the model volume; or why it cannot."""
+    """What the engine loads `adapter` from: a folder relative to the model volume, or a source it fetches
+    itself (https://, http://, oci://: the pod needs egress to it); or why it cannot."""
     src, model = adapter.source, parse_source(model_source)
     scheme = src.split("://", 1)[0] if "://" in src else ""
+    if scheme in FETCHED:
+        return Desired(adapter.name, src)
     if scheme and scheme != "pvc":
-        return Desired(adapter.name, None, f"unsupported source {src!r}: {scheme}:// adapters are not fetched "
-                                           "yet; put the folder on the model's volume")
+        return Desired(adapter.name, None, f"unsupported source {src!r}: {scheme}:// adapters are not fetched; "
+                                           "use oci://, https:// or a folder on the model's volume")
     if model.kind not in ("pvc", "hostpath"):
         return Desired(adapter.name, None, f"unsupported source {src!r}: the model ({model_source}) has no volume "
                                            "for adapter folders; serve it from pvc:// or hostpath:")

@@ -1,10 +1,10 @@
-"""kopf handlers: thin glue from InferenceService events to the pure planner/renderer/status and to
-the control loop.
+"""kopf handlers, and only them: thin glue from InferenceService, Pod and Deployment events to the
+reconciler (`reconcile.py`) and the control loop.
 
-`reconcile(body, kube, now)` does one reconciliation and returns the status patch and the Events to
-post; the kopf handlers below only call it. Create, spec update and resume (operator restart) all
-reconcile; so does any change to or deletion of an owned Deployment/Service/PDB, which is how drift
-is corrected. Owned objects carry an owner reference, so deleting the InferenceService lets the
+`reconcile.reconcile(body, kube, now)` does one reconciliation and returns the status patch and the
+Events to post; the handlers here only call it and `publish` the outcome. Create, spec update and resume
+(operator restart) all reconcile; so does any change to or deletion of an owned Deployment/Service/PDB,
+which is how drift is corrected. Owned objects carry an owner reference, so deleting the InferenceService lets the
 garbage collector remove them. The CR's spec is never written.
 
 One scheduler (`control/scheduler.py`, started at startup) runs the control loops of all
@@ -18,159 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
-from dataclasses import dataclass, field
 
 import httpx
 import kopf
 
-from specfleet.operator import adapters, api, catalogs, metrics_source, model_folder, plan_only, planner, render, status
+from specfleet.operator import api, render, status
 from specfleet.operator.control import adapter_sync, discovery, loop, runner, scale_from_zero, scheduler, sources
 from specfleet.operator.control.runner import now_iso
+from specfleet.operator.control.scrape import SCRAPE_TIMEOUT_S
 from specfleet.operator.kube import FORBIDDEN_RETRY_S, Kube
+from specfleet.operator.reconcile import ReconcileOutcome, reconcile, retry_backoff
 
 MANAGED = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 log = logging.getLogger("specfleet.operator")
 
 
-@dataclass
-class ReconcileOutcome:
-    """What one reconciliation decided: the status patch and (type, reason, message) Events."""
-
-    status: dict
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-
-
-def retry_backoff(retry: int) -> float:
-    """Seconds before retry number `retry + 1` of a reconcile that hit API trouble: 1, 2, 4, ... 60."""
-    return float(min(2 ** retry, 60))
-
-
-def reconcile(body: dict, k: Kube, now: str) -> ReconcileOutcome:
-    """Plan, render and apply one InferenceService; never raises for a bad spec."""
-    meta, old = body["metadata"], body.get("status") or {}
-    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation", 1)
-    previous = old.get("conditions") or []
-    try:
-        spec = api.parse_spec(body.get("spec") or {})
-    except api.SpecError as exc:
-        return ReconcileOutcome(status.invalid(exc.errors, generation, previous, now),
-                       [("Warning", "InvalidSpec", str(exc))])
-    spec = model_folder.with_folder_architecture(spec, catalogs.models())
-    result = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
-    selector = render.selector_string(name)
-    if isinstance(result, planner.Infeasible):
-        patch = status.planned(result, generation, selector, previous, now)
-        return ReconcileOutcome(patch, [("Warning", result.reason, _message(patch, "Degraded"))])
-    live = k.get("Deployment", namespace, name)
-    replicas = _replicas(spec, result, live)
-    if spec.plan_only:
-        return _plan_only(body, k, spec, result, replicas, live, now)
-    applied = _apply(k, body, spec, result, replicas)
-    problems = adapters.problems(adapters.desired(spec), old.get("adapters") or [])
-    patch = status.planned(result, generation, selector, previous, now, problems)
-    patch["desiredReplicas"] = replicas
-    if old.get("plannedActions") is not None:
-        patch["plannedActions"] = None          # merge patch: Serving does what it planned; drop the list
-    deployment = k.get("Deployment", namespace, name) if applied["Deployment"] != "unchanged" else live
-    patch.update(_rollout(deployment, replicas, patch["conditions"], now, generation))
-    return ReconcileOutcome(patch, _events(old, patch, result, applied))
-
-
-def _plan_only(body: dict, k: Kube, spec: api.InferenceServiceSpec, plan: planner.Plan, replicas: int,
-               live: dict | None, now: str) -> ReconcileOutcome:
-    """PlanOnly: the plan and what Serving mode would do, in status and Events; no object is written."""
-    meta, old = body["metadata"], body.get("status") or {}
-    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation", 1)
-    desired = _desired(body, spec, plan, replicas, live, token="")
-    actions = plan_only.planned_actions(desired, lambda kind, n: k.get(kind, namespace, n), replicas)
-    patch = status.planned(plan, generation, render.selector_string(name), old.get("conditions") or [], now)
-    patch["desiredReplicas"] = replicas
-    patch = plan_only.plan_only_status(patch, actions, generation, now)
-    events = _events(old, patch, plan, {})
-    if old.get("plannedActions") != actions:
-        events.append(("Normal", "PlanOnly", "would " + ("; ".join(actions) if actions else "do nothing")))
-    return ReconcileOutcome(patch, events)
-
-
-def _message(patch: dict, kind: str) -> str:
-    return next(c["message"] for c in patch["conditions"] if c["type"] == kind)
-
-
-def _replicas(spec: api.InferenceServiceSpec, plan: planner.Plan, live: dict | None) -> int:
-    """Fixed spec.replicas wins; otherwise keep the autoscaler's current count within min/max."""
-    if spec.replicas is not None or live is None:
-        return plan.replicas
-    current = (live.get("spec") or {}).get("replicas", plan.replicas)
-    auto = spec.autoscaling
-    return min(max(current, auto.min_replicas), auto.max_replicas)
-
-
-def _apply(k: Kube, body: dict, spec: api.InferenceServiceSpec, plan: planner.Plan, replicas: int) -> dict:
-    meta = body["metadata"]
-    desired = _desired(body, spec, plan, replicas, k.get("Deployment", meta["namespace"], meta["name"]),
-                       token=secrets.token_urlsafe(32))
-    applied = {}
-    for manifest in desired:
-        if manifest["kind"] == "Secret":
-            k.create_if_missing(manifest)           # the token is made once, never rewritten
-        elif manifest["kind"] == "NetworkPolicy":
-            k.apply(manifest)
-        else:
-            applied[manifest["kind"]] = k.apply(manifest)
-    return applied
-
-
-def _desired(body: dict, spec: api.InferenceServiceSpec, plan: planner.Plan, replicas: int, live: dict | None,
-             token: str) -> list[dict]:
-    """Every object a Serving reconcile applies, owner references set (the admin Secret with `token`)."""
-    meta = body["metadata"]
-    name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
-    out = []
-    if spec.runtime.engine == "specfleet":
-        out += [render.admin_secret(name, namespace, token), render.network_policy(name, namespace)]
-    override = _speculation_override(spec, plan, live)
-    out += render.render(name, namespace, spec, plan, replicas, speculation=override)
-    return [render.with_owner(m, name, uid) for m in out]
-
-
-def _speculation_override(spec: api.InferenceServiceSpec, plan: planner.Plan, live: dict | None):
-    """The control loop's speculation choice for the vllm runtime (kept on the Deployment), if any."""
-    value = ((live or {}).get("metadata", {}).get("annotations") or {}).get(loop.SPECULATION_ANNOTATION)
-    if spec.runtime.engine != "vllm" or not value or plan.speculation.method is None:
-        return None
-    fields = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
-    try:
-        return planner.SpeculationPlan(fields.get("enabled") == "true", plan.speculation.method, int(fields["k"]))
-    except (KeyError, ValueError):
-        return None
-
-
-def _rollout(deployment: dict | None, desired: int, conditions: list, now: str, generation: int) -> dict:
-    st = (deployment or {}).get("status") or {}
-    return status.rollout(desired, st.get("replicas", 0), st.get("readyReplicas", 0), conditions, now, generation)
-
-
-def _events(old: dict, patch: dict, plan: planner.Plan, applied: dict) -> list[tuple[str, str, str]]:
-    events = []
-    if old.get("plan") != patch["plan"] or old.get("desiredReplicas") != patch["desiredReplicas"]:
-        p = patch["plan"]
-        events.append(("Normal", "Planned",
-                       f"{p['gpusPerReplica']}x {plan.accelerator}, {p['kvCacheBlocks']} KV blocks, "
-                       f"maxNumSeqs {p['maxNumSeqs']}, token budget {p['maxNumBatchedTokens']}, "
-                       f"speculation {'on' if p['speculation']['enabled'] else 'off'} k={p['speculation']['k']}, "
-                       f"{patch['desiredReplicas']} replicas; predicted TTFT p99 {p['predicted']['ttftP99Ms']} ms, "
-                       f"ITL p99 {p['predicted']['itlP99Ms']} ms"))
-    for warning in plan.warnings:
-        events.append(("Warning", "CapacityLimited", warning))
-    changed = [f"{verb} {kind}" for kind, verb in applied.items() if verb != "unchanged"]
-    if changed:
-        events.append(("Normal", "Applied", ", ".join(changed)))
-    return events
-
-
-# -- kopf wiring ------------------------------------------------------------------------------------
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specfleet.io")
@@ -185,7 +48,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
         memo.kube = Kube.from_environment()
     if getattr(memo, "loop_config", None) is None:
         memo.loop_config = loop.LoopConfig.from_environment()
-    memo.http = httpx.AsyncClient(timeout=metrics_source.SCRAPE_TIMEOUT_S)
+    memo.http = httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S)
     memo.source = sources.source_for(memo.loop_config.prometheus_url, memo.http)
     memo.engines = discovery.EngineView()
     memo.cold_starts = {}           # (namespace, name) -> (monotonic wake-up, held requests), shared by all

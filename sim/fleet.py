@@ -77,12 +77,13 @@ class SimulatedFleet:
     """All pods of one service and the requests they serve."""
 
     def __init__(self, model: ServiceModel, truth: ProfileTruth, prompt: int, startup_s: float,
-                 gpus_per_replica: int, kv_tokens: int, rng: np.random.Generator, queue_policy: str = "fifo"):
+                 gpus_per_replica: int, kv_tokens: int, rng: np.random.Generator, queue_policy: str = "fifo",
+                 output_sigma: float = 0.5):
         if queue_policy not in QUEUE_POLICIES:
             raise ValueError(f"unknown queue policy {queue_policy!r}; one of {', '.join(QUEUE_POLICIES)}")
         self.m, self.truth, self.prompt, self.startup_s = model, truth, prompt, startup_s
         self.queue_policy, self.deadline = queue_policy, queue_policy == "deadline"
-        self.kv_tokens = kv_tokens
+        self.kv_tokens, self.sigma = kv_tokens, output_sigma     # sigma: lognormal spread of output lengths
         self.gpus, self.rng = gpus_per_replica, rng
         self.step_sigma = truth.step_sigma
         self.noise = rng.spawn(1)[0] if self.step_sigma > 0 else None
@@ -168,7 +169,7 @@ class SimulatedFleet:
         if count:
             arrivals = np.sort(self.rng.uniform(t0, t0 + dt, count))
             mean = self.m.output_tokens
-            out = np.clip(self.rng.lognormal(math.log(mean) - 0.125, 0.5, count), 16, 4 * mean).round()
+            out = np.clip(self.rng.lognormal(math.log(mean) - self.sigma ** 2 / 2, self.sigma, count), 16, 4 * mean).round()
             self.queue_arrival = np.concatenate([self.queue_arrival, arrivals])
             self.queue_out = np.concatenate([self.queue_out, out])
 

@@ -25,7 +25,7 @@ DT = 0.5
 
 def setup(scenario: Scenario, profile: Profile | Path | None = None):
     """(spec, plan, model, truth) of a scenario's service. The plan and the controller's model are what
-    the operator makes of the spec (`catalogs.profiles()` as in handlers.py: the measured profile where
+    the operator makes of the spec (`catalogs.profiles()` as in reconcile.py: the measured profile where
     one is shipped, else the catalog's roofline); the fleet's truth is the engine profile of its (model,
     accelerator), `profile` when given. The controller learns the difference online."""
     return setup_spec(scenario.spec, profile)
@@ -108,7 +108,7 @@ def simulate(scenario: Scenario, policy: str, seed: int = 0, fixed_replicas: int
     rng = np.random.default_rng(seed)
     queue_policy = queue_policy or queue_policy_of(policy)
     fleet = SimulatedFleet(model, truth, spec.slo.prompt_tokens, scenario.startup_s, plan.gpus_per_replica,
-                  plan.kv_cache_blocks * plan.block_size, rng, queue_policy)
+                  plan.kv_cache_blocks * plan.block_size, rng, queue_policy, scenario.output_sigma)
     enabled, k = _initial_speculation(spec_ctl, spec)
     fleet.set_speculation(enabled, k)
     start = _initial_replicas(scaler, scenario, model, spec)

@@ -20,7 +20,6 @@ STANDARD = {"size", "int", "uint", "double", "string", "bytes", "bool", "type", 
             "startsWith", "endsWith", "contains", "timestamp", "duration", "all", "exists", "exists_one", "map",
             "filter", "getFullYear", "getMonth", "getDayOfMonth", "getDayOfYear", "getDate", "getDayOfWeek",
             "getHours", "getMinutes", "getSeconds", "getMilliseconds"}
-MACROS = ("all", "exists", "exists_one", "map", "filter")
 MACRO_VAR_RE = re.compile(r"\.(?:all|exists|exists_one|map|filter)\(\s*([A-Za-z_]\w*)\s*,")
 VARIABLES = {"self", "oldSelf"}
 TYPE_NAMES = {"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"}

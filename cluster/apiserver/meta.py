@@ -55,11 +55,6 @@ def meta(obj: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-def object_key(obj: dict[str, Any]) -> tuple[str, str]:
-    m = obj.get("metadata") or {}
-    return m.get("namespace", "") or "", m.get("name", "")
-
-
 # ---------------------------------------------------------------- labels, annotations, owner references
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")

@@ -48,10 +48,6 @@ class ResourceType:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
-    def group_version(self) -> str:
-        return self.api_version
-
-    @property
     def list_kind(self) -> str:
         return self.kind + "List"
 
@@ -157,13 +153,6 @@ class Registry:
             matches = [rt for rt in self.types.values() if rt.key == key]
         stored = [rt for rt in matches if rt.custom is not None and rt.custom.storage]
         return (stored or matches or [None])[0]
-
-    def by_api_version_kind(self, api_version: str, kind: str) -> ResourceType | None:
-        with self.lock:
-            for rt in self.types.values():
-                if rt.api_version == api_version and rt.kind == kind:
-                    return rt
-        return None
 
     def group_versions(self) -> dict[str, list[str]]:
         """group -> served versions, preferred first (custom versions keep their CRD order)."""

@@ -8,8 +8,9 @@ what it does not cover (not fp32 or bf16, an odd head size, no 8-wide vectors) k
 once per machine with torch's cpp_extension (g++ and ninja) into `kernel_build_dir()`, under the specfleet
 cache; where that is impossible the engine logs why and keeps the torch path. The same extension carries
 the step's K/V cache write (`write_kv`, in `paged_attention.cpp`: one copy per token, where index_copy_
-took several times as long), the decoder's fused elementwise steps (`fused_ops.cpp`) and the few-row
-linears (`linear_small.cpp`, `linear_panels.cpp`), with `vec_math.h` inlined into each.
+took several times as long), the decoder's fused elementwise steps (`fused_ops.cpp`), the few-row
+linears (`linear_small.cpp`, `linear_panels.cpp`) and the multi-LoRA op (`lora.cpp`), with `vec_math.h`
+inlined into each.
 """
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ from specfleet.engine.attention import SHORT_QUERY, AttentionGroup, TorchPagedAt
 
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "prefill_attention.cpp", "fused_ops.cpp",
-                                                       "linear_small.cpp", "linear_panels.cpp")]
+                                                       "linear_small.cpp", "linear_panels.cpp", "lora.cpp")]
 HEADER = Path(__file__).with_name("vec_math.h")
 # -fno-trapping-math lets GCC if-convert vec_math.h's clamps, so its loops vectorize
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 FUNCTIONS = ["paged_attention_short", "paged_attention_prefill", "write_kv", "rms_norm", "add_rms_norm", "silu_and_mul", "rotary",
-             "linear_small", "pack_panels", "linear_panels"]
+             "linear_small", "pack_panels", "linear_panels", "lora_add"]
 _lock = threading.Lock()
 _module = None
 _error: str | None = None

@@ -11,12 +11,18 @@ every projection's `add_lora` then reads that state. On CPU (`TorchLoRAOps`) the
 rows by slot, padded to the longest group (`RowGroups`), and a projection costs one gather, two batched
 GEMMs over the slots in use (x_g @ A[slot]^T, then @ B^T[slot]) and a gather back added into y: close to the ideal
 LoRA FLOPs for a decode batch spread over adapters, never more than one GEMM over every slot per row, and
-no per-adapter Python loop. On CUDA `engine/kernels/lora.py` (Punica's SGMV idea in triton) does the same
-per slot segment. Steps where no row has an adapter skip the op; an engine without LoRA wraps nothing.
+no per-adapter Python loop. Where the CPU backend installed its C++ extension (the projections' `kernel`),
+`KernelLoRAOps` runs the whole op as one call of its `lora_add` (`engine/cpu/lora.cpp`): torch's bmm runs
+one small GEMM per slot and part, some 30 per projection, which with the gathers around them cost a decode
+step of SmolLM2 with 8 adapters more time than reading the adapters' bytes. On CUDA `engine/kernels/lora.py`
+(Punica's SGMV idea in triton) does the same per slot segment. Steps where no row has an adapter skip the
+op; an engine without LoRA wraps nothing.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -96,12 +102,63 @@ class TorchLoRAOps:
         return y
 
 
-def lora_ops(device: torch.device) -> type:
-    """The triton kernels for CUDA tensors, plain torch elsewhere."""
+@dataclass(frozen=True)
+class SlotRows:
+    """A step's adapter rows grouped by slot for `KernelLoRAOps`: group g is rows ids[offsets[g]:offsets[g + 1]],
+    all on slot slots[g]."""
+    ids: torch.Tensor           # token rows in slot order (base rows left out)
+    offsets: torch.Tensor       # [groups + 1]
+    slots: torch.Tensor         # [groups]
+    token_slots: torch.Tensor
+    num_slots: int
+    dtype: torch.dtype
+
+    @cached_property
+    def groups(self) -> RowGroups:
+        """The torch op's state, built only for a projection the kernel does not take."""
+        return TorchLoRAOps.prepare(self.token_slots, self.num_slots, self.dtype)
+
+
+class KernelLoRAOps:
+    """The LoRA op as one call of the CPU extension's `lora_add` per projection; the torch op where that
+    does not apply (not float32, a fan-in that is no multiple of 8, fewer than 8 rank rows: max_lora_rank < 8)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+
+    @staticmethod
+    def prepare(token_slots: torch.Tensor, num_slots: int, dtype: torch.dtype) -> SlotRows | None:
+        """Grouped on the Python side: a step's few slots, where torch's argsort and bincount cost more."""
+        by_slot: dict[int, list[int]] = {}
+        for row, slot in enumerate(token_slots.tolist()):
+            if slot >= 0:
+                by_slot.setdefault(slot, []).append(row)
+        if not by_slot:
+            return None
+        order = sorted(by_slot)
+        ids = [row for slot in order for row in by_slot[slot]]
+        offsets = list(accumulate((len(by_slot[slot]) for slot in order), initial=0))
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+        return SlotRows(as_long(ids), as_long(offsets), as_long(order), token_slots, num_slots, dtype)
+
+    def add_lora(self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
+                 rows: SlotRows, parts: tuple[int, ...] | None = None) -> torch.Tensor:
+        """As `TorchLoRAOps.add_lora`; each row's sums in one fixed order, whatever else is in the batch."""
+        parts = parts or (lora_bt.shape[2],)
+        if self.kernel.lora_add(y, x, lora_a, lora_bt, rows.ids, rows.offsets, rows.slots, list(parts)):
+            return y
+        return TorchLoRAOps.add_lora(y, x, lora_a, lora_bt, rows.groups, parts)
+
+
+def lora_ops(device: torch.device, kernel=None):
+    """The triton kernels for CUDA tensors; on CPU the extension's op where the backend installed it (`kernel`,
+    the one the projections got), else plain torch."""
     if torch.device(device).type == "cuda":
         from specfleet.engine.kernels.lora import TritonLoRAOps
 
         return TritonLoRAOps
+    if hasattr(kernel, "lora_add"):
+        return KernelLoRAOps(kernel)
     return TorchLoRAOps
 
 
@@ -109,7 +166,7 @@ def lora_ops(device: torch.device) -> type:
 class LoRABatch:
     """The step's rows -> slots, shared by every LoRALinear of the model."""
     num_slots: int
-    ops: type = TorchLoRAOps
+    ops: object = TorchLoRAOps  # prepare and add_lora: TorchLoRAOps, KernelLoRAOps(kernel) or TritonLoRAOps
     state: object = None        # ops.prepare's result; None: no row uses an adapter this step
 
     def set(self, token_slots: torch.Tensor | None, dtype: torch.dtype) -> None:
@@ -143,7 +200,8 @@ class LoRASlots:
 
     def __init__(self, model: LlamaForCausalLM, num_slots: int, max_rank: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.batch = LoRABatch(num_slots, lora_ops(device))
+        kernel = getattr(model.model.layers[0].self_attn.qkv_proj, "kernel", None)    # PackedLinear's extension
+        self.batch = LoRABatch(num_slots, lora_ops(device, kernel))
         self.max_rank = max_rank
         self.dtype, self.device = dtype, device
         self.dims = projection_dims(model.shape)

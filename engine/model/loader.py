@@ -13,7 +13,6 @@ from specfleet.engine.model.llama import SUPPORTED_ARCHITECTURES, LlamaForCausal
 @dataclass
 class LoadedModel:
     model: LlamaForCausalLM
-    hf_config: object
     path: Path
     eos_token_ids: set[int]
     max_position_embeddings: int
@@ -98,4 +97,4 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device, max_positio
         net = LlamaForCausalLM(LlamaShape.from_hf(config), rotary_for(config, positions)).to(dtype)
     net.load_weights(safetensor_weights(path, dtype))
     net.eval().requires_grad_(False)
-    return LoadedModel(net, config, path, eos_ids(path, config), limit)
+    return LoadedModel(net, path, eos_ids(path, config), limit)

@@ -47,7 +47,8 @@ def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_
     metrics.attach(engine)
     limits = limits or ServerLimits()
     access = Access(tuple(api_keys), admin_token)
-    loras = LoRARegistry(engine.engine.model_name, enabled=engine.engine.config.enable_lora)
+    loras = LoRARegistry(engine.engine.model_name, enabled=engine.engine.config.enable_lora,
+                         fetch=lora_api.fetch_options(engine.engine.config))
     lora_api.serve_lora_modules(engine.engine, loras, lora_modules)
     metrics.loras = loras
     state = ServerState(engine, metrics, engine.engine.model_name, access, limits, loras)
@@ -80,7 +81,7 @@ def create_app(engine: AsyncEngine, metrics: ServerMetrics | None = None, admin_
     @app.get("/v1/models")
     async def models() -> dict:
         cards = [model_card(state.model_name, state.created, state.max_model_len)]
-        cards += [model_card(name, state.created, state.max_model_len, str(s.request.lora_path), s.parent)
+        cards += [model_card(name, state.created, state.max_model_len, s.root, s.parent)
                   for name, s in state.loras.adapters.items()]
         return {"object": "list", "data": cards}
 

@@ -1,6 +1,7 @@
 """The server's LoRA adapters: which model names are adapters, their int ids, and who is using them.
 
-`parse_lora_module` reads one `--lora-modules` value (`name=path` or vLLM's JSON form). `LoRARegistry`
+`parse_lora_module` reads one `--lora-modules` value (`name=path` or vLLM's JSON form; the path may be an
+https:// or oci:// source, fetched into `fetch.cache_dir` first: `engine/lora/fetch.py`). `LoRARegistry`
 lives on the event loop: a request's `model` resolves to the base model (None) or to an adapter, whose
 in-flight count the request holds until it ends; `reserve`/`commit` load an adapter under a name,
 `remove` unloads one. Int ids only grow: an unloaded adapter's id never names another one, so blocks its
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from specfleet.engine.lora.fetch import FetchOptions
 from specfleet.engine.lora.request import LoRARequest
 from specfleet.engine.server.openai_protocol import OpenAIError, bad_request
 
@@ -50,9 +52,15 @@ def parse_lora_module(text: str) -> LoRAModule:
 
 @dataclass
 class ServedLoRA:
-    request: LoRARequest
+    request: LoRARequest                      # its lora_path is the local folder (a fetched source's cache copy)
     parent: str
     in_flight: int = 0                        # HTTP requests holding it (added to the engine, not yet ended)
+    source: str | None = None                 # the https:// or oci:// source it was fetched from
+
+    @property
+    def root(self) -> str:
+        """What /v1/models shows as `root`: the path or URL the adapter was loaded from, as given."""
+        return self.source or str(self.request.lora_path)
 
 
 @dataclass
@@ -62,6 +70,7 @@ class LoRARegistry:
     adapters: dict[str, ServedLoRA] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)        # names being loaded
     next_id: int = 1
+    fetch: FetchOptions = field(default_factory=FetchOptions)     # where https:// and oci:// sources go
 
     def resolve(self, model: str | None) -> ServedLoRA | None:
         """The adapter a request's `model` names; None for the base model; 404 for anything else."""
@@ -95,9 +104,9 @@ class LoRARegistry:
         self.next_id += 1
         return request
 
-    def commit(self, request: LoRARequest, parent: str | None = None) -> ServedLoRA:
+    def commit(self, request: LoRARequest, parent: str | None = None, source: str | None = None) -> ServedLoRA:
         self.pending.discard(request.lora_name)
-        served = ServedLoRA(request, parent or self.base_name)
+        served = ServedLoRA(request, parent or self.base_name, source=source)
         self.adapters[request.lora_name] = served
         return served
 

@@ -23,7 +23,7 @@ from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.runner import ControlOutcome, admin_token, now_iso
 
 log = logging.getLogger("specfleet.operator.adapters")
-LOAD_TIMEOUT_S = 60.0          # a load reads and checks the folder between engine steps
+LOAD_TIMEOUT_S = 300.0         # a load may download an oci:// or https:// adapter, then checks it between steps
 LIST_TIMEOUT_S = 5.0
 
 

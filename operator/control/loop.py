@@ -73,6 +73,34 @@ class ServiceLoop:
     slo_counts: FleetCounts = field(default_factory=FleetCounts)
     burning: str = ""               # "" | "fast" | "slow": the burn the last interval reported
     idle_since: float | None = None     # start of the current run of windows without requests
+    policies: "Policies | None" = None  # the policies of the spec the last step ran on (`_policies`)
+
+
+@dataclass
+class Policies:
+    """The controllers' policies made from one spec and config (the same objects), each made on first use
+    and kept across the steps that follow: making them cost more than the rest of an uneventful step."""
+
+    spec: api.InferenceServiceSpec
+    config: LoopConfig
+    scaling: autoscaler.ScalingPolicy | None = None
+    speculation: speculation.SpeculationPolicy | None = None
+
+    def scaling_of(self) -> autoscaler.ScalingPolicy:
+        if self.scaling is None:
+            self.scaling = _scaling(self.spec, self.config)
+        return self.scaling
+
+    def speculation_of(self) -> speculation.SpeculationPolicy:
+        if self.speculation is None:
+            self.speculation = _speculation_policy(self.spec, self.config)
+        return self.speculation
+
+
+def _policies(spec: api.InferenceServiceSpec, st: ServiceLoop) -> Policies:
+    if st.policies is None or st.policies.spec is not spec or st.policies.config is not st.config:
+        st.policies = Policies(spec, st.config)
+    return st.policies
 
 
 @dataclass
@@ -94,8 +122,9 @@ def decide_step(window: Window | None, spec: api.InferenceServiceSpec, plan: pla
     """The pure part of an interval: both policies on one window, and what to report. `unschedulable`:
     the scheduler's messages of the service's pods that no node has room for (no capacity: a scale-up
     would only add more of them, so it is held)."""
-    spec_policy = _speculation_policy(spec, st.config) if st.speculation is not None else None
-    scaling = _scaling(spec, st.config) if spec.replicas is None else None
+    policies = _policies(spec, st)
+    spec_policy = policies.speculation_of() if st.speculation is not None else None
+    scaling = policies.scaling_of() if spec.replicas is None else None
     decided, states = coordinator.interval(window, st.model, current, ready, scaling, spec_policy,
                                      coordinator.Controllers(st.autoscaler, st.speculation), now, st.model.min_acceptance)
     st.autoscaler, st.speculation = states.scaling, states.speculation
@@ -161,8 +190,9 @@ def detect_step(window: Window | None, spec: api.InferenceServiceSpec, st: Servi
     it costs replicas at the surge's load), or None."""
     if spec.replicas is not None or (current == 0 and spec.autoscaling.min_replicas == 0):
         return None
-    spec_policy = _speculation_policy(spec, st.config) if st.speculation is not None else None
-    decided, states = coordinator.surge(window, st.model, current, ready, _scaling(spec, st.config), spec_policy,
+    policies = _policies(spec, st)
+    spec_policy = policies.speculation_of() if st.speculation is not None else None
+    decided, states = coordinator.surge(window, st.model, current, ready, policies.scaling_of(), spec_policy,
                                   coordinator.Controllers(st.autoscaler, st.speculation), now, st.model.min_acceptance)
     st.autoscaler, st.speculation = states.scaling, states.speculation
     scale, spec_decision = decided.scale, decided.speculation

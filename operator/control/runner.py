@@ -9,7 +9,8 @@ before a scale-down the pods to remove are marked with `controller.kubernetes.io
 speculation through `POST /admin/speculation` on every ready pod with the `<name>-admin` Secret's bearer
 token, or the `specfleet.io/speculation` annotation the reconciler renders into the vllm args) and
 returns the status patch and Events (with the error budget folded from the pods' SLO counters).
-Between intervals `detect` scrapes again for a surge (scale-ups only).
+Between intervals `detect` scrapes again for a surge (scale-ups only); a detection whose scrape holds no
+sample newer than the last one (Prometheus samples at its own pace) has no new evidence and stops there.
 
 A service with no pods and nothing scraped before is idle: a step costs a list lookup and no I/O.
 After an operator restart the state is rebuilt from the Deployment and the first two scrapes; the error
@@ -33,7 +34,7 @@ from specfleet.operator.cost import recalibrate_from
 from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.window import Scrape, Window, build_window
 from specfleet.operator.control.sources import DirectSource, PrometheusSource, SourceReport
-from specfleet.operator.metrics_source import set_speculation
+from specfleet.operator.control.speculation_switch import set_speculation
 
 log = logging.getLogger("specfleet.operator.control")
 AWAIT_SAMPLES_INTERVALS = 4       # at the default 15 s: a minute, the Prometheus source's staleness bound
@@ -77,6 +78,14 @@ class ServiceControl:
         self.last_step = float("-inf")
         self.planned: Planned | None = None
         self.state: loop.ServiceLoop | None = None
+        self._metrics: telemetry.ServiceMetrics | None = None
+
+    @property
+    def metrics(self) -> telemetry.ServiceMetrics:
+        """The service's own metrics, made at its first step (an idle service never makes them)."""
+        if self._metrics is None:
+            self._metrics = telemetry.ServiceMetrics(self.namespace, self.name)
+        return self._metrics
 
     def idle(self, pods: list[EnginePod]) -> bool:
         """Nothing to observe: no pods, and no earlier scrape whose disappearance would be news."""
@@ -114,11 +123,12 @@ class ServiceControl:
         if step.scale is not None and step.scale.changed and step.scale.desired < step.scale.current:
             step.events += await self._mark_for_deletion(pods, scrapes, previous, step.scale.desired)
         await self._apply(spec, step, endpoints, scrapes)
-        _record_metrics(self.namespace, self.name, spec, plan, step, ready, window, st)
+        _record_metrics(self.metrics, spec, plan, step, ready, window, st)
         for source in ("prometheus", "direct"):
-            telemetry.METRICS_SOURCE.labels(self.namespace, self.name, source).set(float(source == report.source))
-        patch = {**loop.status_patch(body, step, when), "calibration": status.calibration_dict(st.model.calibration)}
-        return ControlOutcome(patch, step.events)
+            self.metrics(telemetry.METRICS_SOURCE, source).set(float(source == report.source))
+        old = body.get("status") or {}
+        calibration = effective_patch(old.get("calibration") or {}, status.calibration_dict(st.model.calibration))
+        return ControlOutcome({**loop.status_patch(body, step, when), "calibration": calibration}, step.events)
 
     def _awaiting_samples(self, scrapes: dict[str, Scrape]) -> bool:
         """Whether to wait for a pod's next sample before stepping: Prometheus samples at its own pace, so an
@@ -145,12 +155,14 @@ class ServiceControl:
         scrapes, _ = await self.source.scrape(self.namespace, endpoints)
         window = build_window(st.recent, scrapes, expected=len(endpoints))
         st.recent = {**{p: s for p, s in st.recent.items() if p in endpoints}, **scrapes}
+        if window is None:      # no pod sampled since the last look (Prometheus's pace): no new evidence
+            return None
         step = loop.detect_step(window, planned.spec, st, current, ready, self.clock(), when)
         if step is None:
             return None
         await self._apply(planned.spec, step, endpoints, scrapes)
-        telemetry.DESIRED.labels(self.namespace, self.name).set(step.scale.desired)
-        telemetry.DECISIONS.labels(self.namespace, self.name, "scale", step.scale.reason).inc()
+        self.metrics(telemetry.DESIRED).set(step.scale.desired)
+        self.metrics(telemetry.DECISIONS, "scale", step.scale.reason).inc()
         return ControlOutcome(loop.status_patch(body, step, when), step.events)
 
     def _planned(self, body: dict) -> Planned:
@@ -249,6 +261,14 @@ def source_condition(report: SourceReport) -> api.Condition:
     return api.Condition("MetricsSource", "True" if report.preferred else "False", report.reason, report.message)
 
 
+def effective_patch(old: dict, patch: dict) -> dict:
+    """`patch` without the nulls that delete keys `old` does not have (no-ops in a merge patch). The status
+    written keeps no null, so a patch holding one would differ from it at every comparison: every interval
+    of every service wrote an unchanged status (`calibration`'s unset `profile` and `fitError`)."""
+    return {k: effective_patch(old[k] if isinstance(old.get(k), dict) else {}, v) if isinstance(v, dict) else v
+            for k, v in patch.items() if v is not None or k in old}
+
+
 def admin_token(kube, ns: str, name: str) -> str | None:
     secret = kube.get("Secret", ns, render.admin_secret_name(name))
     if secret is None:
@@ -276,37 +296,36 @@ def _disagrees(scrape: Scrape, state: speculation.SpeculationState) -> bool:
     return bool(on) != state.enabled or (state.enabled and k is not None and int(k) != state.k)
 
 
-def _record_metrics(ns, name, spec, plan, step: loop.Step, ready: int, window: Window | None,
+def _record_metrics(m: telemetry.ServiceMetrics, spec, plan, step: loop.Step, ready: int, window: Window | None,
                     st: loop.ServiceLoop) -> None:
     t = telemetry
-    labels = (ns, name)
     if step.scale is not None:
-        t.DESIRED.labels(*labels).set(step.scale.desired)
-        t.DECISIONS.labels(*labels, "scale", step.scale.reason).inc()
+        m(t.DESIRED).set(step.scale.desired)
+        m(t.DECISIONS, "scale", step.scale.reason).inc()
     if step.spec is not None:
-        t.DECISIONS.labels(*labels, "speculation", step.spec.reason).inc()
+        m(t.DECISIONS, "speculation", step.spec.reason).inc()
     if step.budget is not None:
         for span, value in step.budget.attainment.items():
-            t.BUDGET_ATTAINMENT.labels(*labels, span).set(value)
+            m(t.BUDGET_ATTAINMENT, span).set(value)
         for span, value in step.budget.burn_rate.items():
-            t.BURN_RATE.labels(*labels, span).set(value)
-    t.ACTUAL.labels(*labels).set(ready)
-    t.PREDICTED.labels(*labels, "ttft").set(plan.predicted.ttft_p99_ms / 1000)
-    t.PREDICTED.labels(*labels, "itl").set(plan.predicted.itl_p99_ms / 1000)
-    t.TARGET.labels(*labels, "ttft").set(spec.slo.ttft_p99_ms / 1000)
-    t.TARGET.labels(*labels, "itl").set(spec.slo.itl_p99_ms / 1000)
-    t.OBJECTIVE.labels(*labels).set(spec.slo.objective)
+            m(t.BURN_RATE, span).set(value)
+    m(t.ACTUAL).set(ready)
+    m(t.PREDICTED, "ttft").set(plan.predicted.ttft_p99_ms / 1000)
+    m(t.PREDICTED, "itl").set(plan.predicted.itl_p99_ms / 1000)
+    m(t.TARGET, "ttft").set(spec.slo.ttft_p99_ms / 1000)
+    m(t.TARGET, "itl").set(spec.slo.itl_p99_ms / 1000)
+    m(t.OBJECTIVE).set(spec.slo.objective)
     if st.speculation is not None:
-        t.SPECULATION.labels(*labels).set(float(st.speculation.enabled))
-        t.SPEC_K.labels(*labels).set(st.speculation.k)
+        m(t.SPECULATION).set(float(st.speculation.enabled))
+        m(t.SPEC_K).set(st.speculation.k)
     if window is None:
         return
     for metric, value in (("ttft", window.ttft_p99), ("itl", window.itl_p99)):
         if value is not None:
-            t.OBSERVED.labels(*labels, metric).set(value)
+            m(t.OBSERVED, metric).set(value)
     attainment = window.slo_attainment(st.model.ttft_s, st.model.itl_s)
     if attainment is not None:
-        t.ATTAINMENT.labels(*labels).set(attainment)
+        m(t.ATTAINMENT).set(attainment)
     acceptance = window.acceptance_rate if window.acceptance_rate is not None else window.counterfactual_acceptance_rate
     if acceptance is not None:
-        t.ACCEPTANCE.labels(*labels).set(acceptance)
+        m(t.ACCEPTANCE).set(acceptance)

@@ -23,16 +23,21 @@ import httpx
 
 from specfleet.operator.control import telemetry
 from specfleet.operator.control.window import Scrape
-from specfleet.operator.metrics_source import SCRAPE_TIMEOUT_S, scrape_pods, scrape_from_series
+from specfleet.operator.control.scrape import _KEEP as SERIES_LABELS
+from specfleet.operator.control.scrape import SCRAPE_TIMEOUT_S, scrape_pods, scrape_from_series
 
 log = logging.getLogger("specfleet.operator.control")
 
 ENGINE_SERIES = '{__name__=~"vllm:.*|specfleet:.*",inferenceservice!=""}'
 SAMPLE_TIME_LABEL = "specfleet_sample"
 # Every engine series, plus one series per pod holding the time its last scrape was sampled: the query
-# API stamps values with the evaluation time, which says nothing about how old the data is.
-FLEET_QUERY = (f'{ENGINE_SERIES} or label_replace(timestamp(vllm:num_requests_running{{inferenceservice!=""}}), '
-               f'"{SAMPLE_TIME_LABEL}", "time", "", "")')
+# API stamps values with the evaluation time, which says nothing about how old the data is. Each series
+# comes with only the labels a `Scrape` keeps (`scrape_from_series` sums over the others, as the `sum`
+# does): the target labels Prometheus adds (job, instance, the service's...) made most of the answer,
+# and decoding it most of an idle operator's CPU.
+_BY = ", ".join(("__name__", "namespace", "pod", *SERIES_LABELS))
+FLEET_QUERY = (f'sum by ({_BY}) ({ENGINE_SERIES}) or label_replace(max by (namespace, pod) '
+               f'(timestamp(vllm:num_requests_running{{inferenceservice!=""}})), "{SAMPLE_TIME_LABEL}", "time", "", "")')
 DEFAULT_STALE_AFTER_S = 60.0            # four missed scrapes at the PodMonitor's 15 s
 
 
@@ -124,26 +129,31 @@ class PrometheusSource:
         return self._parse(taken, result)
 
     def _parse(self, taken: float, result: list[dict]) -> Snapshot:
-        """Series grouped by pod; a pod with any NaN or infinite sample is dropped whole."""
+        """Series grouped by pod; a pod with any NaN or infinite sample is dropped whole. A pod whose sample
+        time is the one the previous snapshot had keeps that snapshot's `Scrape` (the same sample: the same
+        values, and the same time, which a step reads as no new sample)."""
+        sampled = {key: float(item["value"][1]) for item in result
+                   if (key := _pod_of(item.get("metric") or {})) is not None
+                   and item["metric"].get(SAMPLE_TIME_LABEL) == "time"}
+        before = self.snapshot if self.snapshot is not None and self.snapshot.error is None else None
+        kept = {key: before.scrapes[key] for key, t in sampled.items()
+                if before is not None and key in before.scrapes and before.sampled.get(key) == t}
         series: dict[tuple[str, str], list[tuple[str, dict, float]]] = {}
-        sampled: dict[tuple[str, str], float] = {}
         nan: set[tuple[str, str]] = set()
         for item in result:
-            metric = dict(item.get("metric") or {})
-            key = (metric.pop("namespace", ""), metric.pop("pod", ""))
-            value = float(item["value"][1])
-            if not all(key):
+            key = _pod_of(item.get("metric") or {})
+            if key is None or key in kept or item["metric"].get(SAMPLE_TIME_LABEL) == "time":
                 continue
-            if metric.get(SAMPLE_TIME_LABEL) == "time":
-                sampled[key] = value
-            elif not math.isfinite(value):
+            value = float(item["value"][1])
+            if not math.isfinite(value):
                 nan.add(key)
             else:
-                series.setdefault(key, []).append((metric.pop("__name__", ""), metric, value))
+                metric = {k: v for k, v in item["metric"].items() if k not in ("namespace", "pod", "__name__")}
+                series.setdefault(key, []).append((item["metric"].get("__name__", ""), metric, value))
         offset = self.clock() - self.wall()           # wall-clock sample time -> this process's monotonic clock
         scrapes = {key: scrape_from_series(rows, sampled[key] + offset)
                    for key, rows in series.items() if key in sampled and key not in nan}
-        return Snapshot(taken, scrapes, sampled, frozenset(nan))
+        return Snapshot(taken, {**kept, **scrapes}, sampled, frozenset(nan))
 
     def _split(self, snap: Snapshot, namespace: str, endpoints: Mapping[str, str]
                ) -> tuple[dict[str, Scrape], list[str]]:
@@ -173,6 +183,11 @@ class PrometheusSource:
                 log.warning("metrics source: Prometheus at %s failed (%s); falling back to direct scrapes",
                             self.url, error)
         self.last_error = error
+
+
+def _pod_of(metric: dict) -> tuple[str, str] | None:
+    key = (metric.get("namespace", ""), metric.get("pod", ""))
+    return key if all(key) else None
 
 
 def source_for(prometheus_url: str | None, http: httpx.AsyncClient | None, **options) -> DirectSource | PrometheusSource:

@@ -54,3 +54,20 @@ def serve_from_environment(log: logging.Logger | None = None) -> int | None:
         (log or logging.getLogger(__name__)).warning("metrics endpoint on port %s not started: %s", port, exc)
         return None
     return int(port)
+
+
+class ServiceMetrics:
+    """One service's children of the metrics above, each looked up once: `.labels(...)` validates its
+    values and takes the metric's lock on every call, and a control interval sets some fifteen of them."""
+
+    def __init__(self, namespace: str, name: str):
+        self.service = (namespace, name)
+        self._children: dict[tuple, object] = {}
+
+    def __call__(self, metric, *labels: str):
+        """The child of `metric` for this service and the further `labels` (window, metric, source...)."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*self.service, *labels)
+        return child

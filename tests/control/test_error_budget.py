@@ -99,3 +99,22 @@ def test_restore_carries_the_report_across_the_wall_clock_gap_and_needs_the_coun
     assert restored.report().attainment == saved["attainment"]
     legacy = {k: v for k, v in saved.items() if k not in ("windows", "asOf", "historySeconds")}
     assert restore(legacy, 0.99, at, 7.0) is None and restore(None, 0.99, at, 7.0) is None
+
+
+def test_window_counts_are_those_of_the_first_sample_inside_each_window():
+    """The binary search finds the sample a scan from the oldest would (a 6 h history: 1,440 samples)."""
+    import random
+
+    rng = random.Random(7)
+    budget, t, good, total = ErrorBudget(0.99), 0.0, 0.0, 0.0
+    for _ in range(2000):
+        t += rng.choice((5.0, 15.0, 15.0, 30.0))
+        total += rng.randint(0, 20)
+        good = min(total, good + rng.randint(0, 20))
+        budget.observe(t, good, total)
+        if rng.random() < 0.05:
+            for w in (300.0, 1800.0, 3600.0, 21600.0, 1e9):
+                last = budget.samples[-1]
+                start = next(s for s in budget.samples if s.t >= last.t - w)
+                start = budget.samples[-2] if start is last else start
+                assert budget.counts(w) == (last.good - start.good, last.total - start.total)

@@ -10,7 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from specfleet.operator import kube, status
 from specfleet.operator.control import loop, scheduler
 from specfleet.operator.control.discovery import EngineView
-from specfleet.operator.control.runner import ControlOutcome
+from specfleet.operator.control.runner import ControlOutcome, ServiceControl, effective_patch
+from specfleet.operator.control.sources import SourceReport
+from specfleet.operator.control.window import Scrape
 from tests.control.test_scheduler import INTERVAL, FakeControl, _run_for, serving_pod
 
 
@@ -31,6 +33,63 @@ def test_observed_is_rewritten_only_when_a_measured_value_changes():
     assert loop.status_patch(_body({}), _step({"window": "15s"}), "t")["observed"] == {"window": "15s"}
     gone = loop.status_patch(_body({"window": "15s", "ttftP99Ms": 90.0}), _step({"window": "15s"}), "t")
     assert gone["observed"] == {"window": "15s"}
+
+
+def merge_patch(target, patch):
+    """RFC 7396, as the API server applies a status patch: null deletes, objects merge."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def test_a_null_that_deletes_nothing_is_left_out_of_the_patch():
+    old = {"source": "roofline", "samples": 0, "gone": 1, "nested": {"a": 1}}
+    patch = {"source": "roofline", "profile": None, "fitError": None, "samples": 0, "gone": None,
+             "nested": {"a": None, "b": None}, "new": {"x": None, "y": 2}}
+    effective = effective_patch(old, patch)
+    assert effective == {"source": "roofline", "samples": 0, "gone": None, "nested": {"a": None}, "new": {"y": 2}}
+    assert merge_patch(old, effective) == merge_patch(old, patch)
+
+
+class _Sampled:
+    """A source whose one pod has a new sample at every call (an idle engine: counters unchanged)."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    async def scrape(self, namespace, endpoints):
+        self.t += 15.0
+        return ({p: Scrape(self.t, counters={"vllm:request_success": 10.0, "vllm:generation_tokens": 1000.0},
+                           gauges={"vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0})
+                 for p in endpoints}, SourceReport("prometheus", "Prometheus", "test", True))
+
+
+def test_an_idle_service_writes_its_status_once_then_not_again():
+    """What the API server stores after a step's patch is what the next step compares with: an unchanged
+    interval finds nothing to write (a roofline `calibration`, whose unset profile and fit error were sent
+    as nulls, once wrote every interval)."""
+    from specfleet.operator.control.discovery import EnginePod
+
+    spec = {"model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m"},      # no bfloat16 profile
+            "accelerator": {"type": "cpu", "count": 1},
+            "slo": {"ttftP99Ms": 2000, "itlP99Ms": 200, "maxContextTokens": 2048, "promptTokens": 256,
+                    "outputTokens": 128, "requestsPerSecond": 0.5}}
+    body = {"metadata": {"name": "chat", "namespace": "ns", "generation": 1}, "spec": spec, "status": {}}
+    control = ServiceControl("ns", "chat", None, loop.LoopConfig(), source=_Sampled())
+    pods = [EnginePod("ns", "chat", "chat-0", "http://127.0.0.1:1", None)]
+    writes = []
+    for _ in range(6):
+        outcome = asyncio.run(control.interval(body, pods, (1, 1), "2026-01-01T00:00:00Z"))
+        writes.append(status.changes(body["status"], outcome.status))
+        body = {**body, "status": merge_patch(body["status"], outcome.status)}
+    assert writes[0] and not any(writes[3:]), writes
+    assert "profile" not in body["status"]["calibration"]
 
 
 def test_status_changes_ignores_only_transition_times_and_fields_the_patch_leaves_alone():
@@ -149,3 +208,28 @@ def test_writes_whose_answer_is_not_read_reuse_one_connection():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_memory_is_settled_once_after_a_burst_has_ended():
+    from specfleet.operator.control.memory import BurstWatch
+
+    watch = BurstWatch(min_growth=100, every_s=600.0)
+    counts = [0, 40, 500, 900, 900, 900, 950, 950, 1200, 1200, 1200, 300, 300, 450, 450]
+    assert [c for t, c in enumerate(counts) if watch.settled(c, 15.0 * t)] == [900, 1200, 450]
+    assert not watch.settled(450, 15.0 * 14 + 599) and watch.settled(450, 15.0 * 14 + 600)
+    busy = BurstWatch(min_growth=100)
+    assert [busy.settled(c, 15.0 * t, cpu) for t, (c, cpu) in enumerate([(5000, 0.9), (5000, 0.8), (5000, 0.1)])] \
+        == [False, False, True]                 # the count holds while the burst's reconciles still run
+
+
+def test_settling_freezes_what_survives_a_collection():
+    import gc
+
+    from specfleet.operator.control import memory
+
+    before = gc.get_freeze_count()
+    try:
+        memory.settle()
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()

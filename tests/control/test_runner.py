@@ -126,3 +126,29 @@ def test_a_step_waits_for_each_pods_next_prometheus_sample_but_not_forever(body)
     assert waits == [True, True, True]
     clock.t += 4                                                           # four intervals without a sample
     assert asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is not None
+
+
+def test_a_detection_without_a_newer_sample_decides_nothing(body, monkeypatch):
+    """Prometheus samples at its own pace: a detection whose scrape holds no sample newer than the last
+    one has no new evidence and stops before the surge policy; a newer sample is looked at."""
+    from specfleet.operator.control.sources import SourceReport
+    from specfleet.operator.control.window import Scrape
+
+    class Source:
+        sampled = 100.0
+
+        async def scrape(self, namespace, endpoints):
+            return ({p: Scrape(self.sampled, counters={"vllm:generation_tokens": self.sampled}) for p in endpoints},
+                    SourceReport("prometheus", "Prometheus", "test", True))
+
+    source = Source()
+    looked = []
+    real = loop.detect_step
+    monkeypatch.setattr(loop, "detect_step", lambda *a, **kw: looked.append(a[0]) or real(*a, **kw))
+    ctl = runner.ServiceControl("ns", "chat", RunnerKube(), loop.LoopConfig(interval_s=15.0), source=source)
+    pods = [EnginePod("ns", "chat", "chat-0", "http://127.0.0.1:1", None)]
+    assert asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is not None
+    assert asyncio.run(ctl.detect(body, pods, (1, 1), "t")) is None and looked == []
+    source.sampled = 105.0
+    asyncio.run(ctl.detect(body, pods, (1, 1), "t"))
+    assert len(looked) == 1 and looked[0].seconds == 5.0

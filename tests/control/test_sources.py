@@ -135,3 +135,17 @@ def test_stale_nan_and_other_namespaces_are_left_to_direct_scrapes():
     assert set(fresh) == {"fresh"} and missing == ["old", "nan", "elsewhere", "absent"]
     assert "NaN samples" in source._report(snap, ["nan"], 2).message
     assert math.isfinite(fresh["fresh"].time)
+
+
+def test_a_pod_sampled_no_later_keeps_its_scrape_so_a_step_sees_no_new_sample():
+    """The process clock and the wall clock drift apart by microseconds between queries: a sample Prometheus
+    already gave must come back with the same time, or a step would read it as new."""
+    clock, wall = iter([0.0, 5.000001, 10.000002]), iter([10_000.0, 10_005.0, 10_010.0])
+    source = PrometheusSource("http://unused", clock=lambda: next(clock), wall=lambda: next(wall))
+    first = source.snapshot = source._parse(0.0, vector("a", 9_990.0) + vector("b", 9_990.0))
+    second = source.snapshot = source._parse(5.0, vector("a", 9_990.0) + vector("b", 9_995.0, "9"))
+    assert second.scrapes[(NS, "a")] is first.scrapes[(NS, "a")]
+    assert second.scrapes[(NS, "b")].time > first.scrapes[(NS, "b")].time
+    assert second.scrapes[(NS, "b")].counters == {"vllm:generation_tokens": 9.0}
+    third = source._parse(10.0, vector("a", 9_990.0, "NaN"))        # the same sample time: kept as it was
+    assert third.scrapes == {(NS, "a"): first.scrapes[(NS, "a")]}

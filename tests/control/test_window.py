@@ -6,7 +6,7 @@ import math
 import pytest
 
 from specfleet.operator.control.window import Histogram, Scrape, build_window, quantile, share_below
-from specfleet.operator.metrics_source import parse_exposition, scrape_from_series
+from specfleet.operator.control.scrape import parse_exposition, scrape_from_series
 
 EXPOSITION = """\
 # TYPE vllm:num_requests_waiting gauge

@@ -1,15 +1,24 @@
-"""Both multi-LoRA ops (the triton kernels and the CPU torch op) add each row's own adapter: mixed adapters,
-base rows, ranks padded below the maximum, widths that are no multiple of a tile."""
+"""The multi-LoRA ops (the triton kernels, the CPU extension's `lora_add` and the CPU torch op) add each row's
+own adapter: mixed adapters, base rows, ranks padded below the maximum, widths that are no multiple of a tile."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from specfleet.engine.kernels.lora import TritonLoRAOps, lora_segments
-from specfleet.engine.lora.layers import TorchLoRAOps
+from specfleet.engine.cpu import attention as cpu_attention
+from specfleet.engine.lora.layers import KernelLoRAOps, TorchLoRAOps
 
 
-OPS = [pytest.param(TritonLoRAOps, id="triton"), pytest.param(TorchLoRAOps, id="torch")]
+@pytest.fixture(params=["triton", "cpu_kernel", "torch"])
+def ops(request, device):
+    if request.param == "triton":
+        return TritonLoRAOps
+    if request.param == "torch":
+        return TorchLoRAOps
+    if device.type != "cpu" or cpu_attention.load_kernel() is None:
+        pytest.skip("the CPU extension's lora_add runs on CPU tensors, where the extension builds")
+    return KernelLoRAOps(cpu_attention.load_kernel())
 
 
 def slot_weights(slots: int, ranks: list[int], r_max: int, fan_in: int, fan_out: int, gen: torch.Generator):
@@ -22,12 +31,13 @@ def slot_weights(slots: int, ranks: list[int], r_max: int, fan_in: int, fan_out:
     return a, bt
 
 
-@pytest.mark.parametrize("ops", OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens, fan_in, fan_out, ranks, r_max", [
     (21, 48, 40, [4, 16, 8], 16),             # decode-like: rows spread over every slot, odd widths
     (37, 160, 200, [3, 12, 12, 1], 12),      # widths past one tile, a rank below 16 padded
     (5, 24, 136, [16, 16], 16),               # fewer rows than one tile
+    (60, 40, 72, [16, 2], 16),                # a group longer than the CPU kernel's 16-row tasks
+    (9, 20, 40, [4, 8], 8),                   # a fan-in the CPU kernel does not tile: its torch fall-back
 ])
 def test_each_row_gets_its_own_adapter_and_base_rows_stay_bit_exact(ops, dtype, tokens, fan_in, fan_out, ranks,
                                                                      r_max, device):
@@ -82,16 +92,16 @@ def test_segments_group_rows_by_slot_in_order_and_leave_base_rows_out():
     assert seg.order[:5].tolist() == [2, 5, 6, 0, 3]
 
 
-@pytest.mark.parametrize("ops", OPS)
-def test_a_fused_projection_adds_each_parts_own_block(ops, device):
-    """qkv-like: three parts own rank rows [8i, 8i + r) of A and only their own output columns of B^T."""
+@pytest.mark.parametrize("r_max", [8, 3])        # 3: the CPU kernel's blocks of 8 rank rows span parts
+def test_a_fused_projection_adds_each_parts_own_block(ops, device, r_max):
+    """qkv-like: three parts own rank rows [r_max i, r_max i + r) of A and only their own output columns of B^T."""
     gen = torch.Generator().manual_seed(3)
-    parts, r_max, slots, fan_in, tokens = (40, 24, 24), 8, 3, 32, 19
+    parts, slots, fan_in, tokens = (40, 24, 24), 3, 32, 19
     a, bt = torch.zeros(slots, 3 * r_max, fan_in), torch.zeros(slots, 3 * r_max, sum(parts))
     for s in range(slots):
         column = 0
         for i, width in enumerate(parts):
-            r = r_max - s                                  # ranks 8, 7, 6: padded rows stay zero
+            r = r_max - s                                  # ranks r_max, r_max - 1, ...: padded rows stay zero
             a[s, i * r_max:i * r_max + r] = torch.randn(r, fan_in, generator=gen)
             bt[s, i * r_max:i * r_max + r, column:column + width] = torch.randn(r, width, generator=gen)
             column += width
@@ -104,3 +114,19 @@ def test_a_fused_projection_adds_each_parts_own_block(ops, device):
     out = ops.add_lora(*cast, ops.prepare(token_slots.to(device), slots, torch.float32), parts).cpu()
 
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_cpu_kernel_gives_a_row_the_same_bits_in_any_batch():
+    """`lora_add` sums each row in one fixed order: a row alone and in a mixed batch get identical values."""
+    kernel = cpu_attention.load_kernel()
+    if kernel is None:
+        pytest.skip("the CPU extension does not build here")
+    gen = torch.Generator().manual_seed(5)
+    a, bt = torch.randn(4, 16, 64, generator=gen), torch.randn(4, 16, 96, generator=gen)
+    x, y = torch.randn(23, 64, generator=gen), torch.randn(23, 96, generator=gen)
+    token_slots = torch.randint(-1, 4, (23,), generator=gen)
+    token_slots[7] = 2
+    ops = KernelLoRAOps(kernel)
+    mixed = ops.add_lora(y.clone(), x, a, bt, ops.prepare(token_slots, 4, torch.float32))
+    alone = ops.add_lora(y[7:8].clone(), x[7:8], a, bt, ops.prepare(token_slots[7:8], 4, torch.float32))
+    assert torch.equal(mixed[7], alone[0])

@@ -132,11 +132,16 @@ def test_without_lora_the_container_is_rendered_as_before(gpus, models):
     ("sql", "hostpath:/data/llama", "sql", None),
     ("pvc://other/sql", "pvc://models/llama", None, "only the model's claim 'models' is mounted"),
     ("pvc://models/sql", "hostpath:/data/llama", None, "the model comes from a hostPath"),
-    ("oci://registry/sql:1", "pvc://models/llama", None, "oci:// adapters are not fetched yet"),
-    ("https://example.com/sql.tar", "pvc://models/llama", None, "https:// adapters are not fetched yet"),
+    ("oci://registry/sql:1", "pvc://models/llama", "oci://registry/sql:1", None),
+    ("https://example.com/adapters/sql/", "pvc://models/llama", "https://example.com/adapters/sql/", None),
+    ("oci://registry/sql@sha256:" + "a" * 64, "builtin:smollm2-135m", "oci://registry/sql@sha256:" + "a" * 64, None),
+    ("hf://org/sql", "pvc://models/llama", None, "hf:// adapters are not fetched"),
     ("adapters/sql", "builtin:smollm2-135m", None, "has no volume for adapter folders"),
 ])
-def test_each_source_resolves_to_a_folder_on_the_model_volume_or_an_error(source, model, path, error):
+def test_each_source_resolves_to_a_folder_on_the_model_volume_a_fetched_source_or_an_error(source, model, path,
+                                                                                          error):
+    """Folders go relative to the model volume; https:// and oci:// sources go to the engine as written (it
+    fetches them, needing no volume) and come back as the `root` of its /v1/models card, so the diff is stable."""
     got = adapters.resolve(api.Adapter("sql", source), model)
     assert got.path == path
     assert (error is None and got.error is None) or (error in got.error and got.error.startswith("unsupported source"))
@@ -153,8 +158,13 @@ def test_actions_unload_removed_and_moved_adapters_and_load_new_and_moved_ones()
 
 def test_models_listing_gives_the_adapters_and_their_folders():
     body = {"data": [{"id": "tiny", "root": "tiny", "parent": None},
-                     {"id": "sql", "root": "adapters/sql", "parent": "tiny"}]}
-    assert adapters.loaded_from_models(body) == {"sql": "adapters/sql"}
+                     {"id": "sql", "root": "adapters/sql", "parent": "tiny"},
+                     {"id": "web", "root": "oci://registry/web:1", "parent": "tiny"}]}
+    loaded = adapters.loaded_from_models(body)
+    assert loaded == {"sql": "adapters/sql", "web": "oci://registry/web:1"}
+    want = [adapters.resolve(api.Adapter("web", "oci://registry/web:1"), "pvc://models/llama"),
+            adapters.resolve(api.Adapter("sql", "adapters/sql"), "pvc://models/llama")]
+    assert adapters.actions(want, loaded) == adapters.Actions()               # in sync: nothing to do
 
 
 @pytest.mark.parametrize("code, error, result", [

@@ -11,6 +11,7 @@ import shutil
 import openai
 import pytest
 from lora_kit import build_adapter
+from remote_kit import serving_folder
 from testkit import LiveServer, held_after_first_token, start_server
 
 from specfleet.operator.control.adapter_sync import AdapterSync
@@ -43,9 +44,10 @@ def volume(tiny_llama, tmp_path_factory):
 
 
 @pytest.fixture
-def server(tiny_llama, volume, monkeypatch):
+def server(tiny_llama, volume, monkeypatch, tmp_path):
     monkeypatch.chdir(volume)
-    live = start_server(tiny_llama, admin_token=TOKEN, enable_lora=True, max_loras=2, max_lora_rank=16)
+    live = start_server(tiny_llama, admin_token=TOKEN, enable_lora=True, max_loras=2, max_lora_rank=16,
+                        lora_cache_dir=str(tmp_path / "lora-cache"))
     try:
         yield live
     finally:
@@ -64,7 +66,7 @@ def pods(server: LiveServer) -> list[EnginePod]:
 
 
 def served(server: LiveServer) -> dict[str, str]:
-    return {n: str(s.request.lora_path) for n, s in server.state.loras.adapters.items()}
+    return {n: s.root for n, s in server.state.loras.adapters.items()}
 
 
 async def test_declared_adapters_load_and_an_edit_unloads_and_loads_live(server):
@@ -105,14 +107,14 @@ async def test_an_unload_refused_while_a_request_runs_is_retried_and_the_request
 async def test_a_folder_the_engine_refuses_is_last_error_an_event_and_degraded(server):
     sync = AdapterSync(SecretOnly())
     declared = [{"name": "good", "source": "adapters/a"}, {"name": "junk", "source": "adapters/not-peft"},
-                {"name": "big", "source": "adapters/r32"}, {"name": "remote", "source": "oci://registry/x:1"}]
+                {"name": "big", "source": "adapters/r32"}, {"name": "remote", "source": "hf://org/x"}]
     conditions = [{"type": "Degraded", "status": "False", "reason": "PlanFeasible", "message": "fine"}]
     out = await sync.run(body(declared, {"conditions": conditions}), pods(server))
     entries = {e["name"]: e for e in out.status["adapters"]}
     assert served(server) == {"good": "adapters/a"} and entries["good"] == {"name": "good", "readyPods": 1}
     assert "not a PEFT adapter folder" in entries["junk"]["lastError"]
     assert "rank r=32 exceeds max_lora_rank=16" in entries["big"]["lastError"]
-    assert entries["remote"]["lastError"].startswith("unsupported source 'oci://registry/x:1'")
+    assert entries["remote"]["lastError"].startswith("unsupported source 'hf://org/x'")
     degraded = next(c for c in out.status["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "AdapterFailed")
     assert "adapter junk: pod pod-0:" in degraded["message"] and "adapter remote:" in degraded["message"]
@@ -122,6 +124,23 @@ async def test_a_folder_the_engine_refuses_is_last_error_an_event_and_degraded(s
     assert again.events == []                                                  # same errors: no new Event
     fixed = await sync.run(body(declared[:1], again.status), pods(server))
     assert next(c for c in fixed.status["conditions"] if c["type"] == "Degraded")["reason"] == "PlanFeasible"
+
+
+async def test_an_adapter_by_url_is_loaded_as_declared_and_then_left_alone(server, volume):
+    """The engine fetches an http(s):// source itself and lists it as its `root`, so the next run finds it in
+    sync: no reload, no request to the source; a URL that 404s is its lastError."""
+    sync = AdapterSync(SecretOnly())
+    with serving_folder(volume) as web:
+        declared = [{"name": "web", "source": f"{web.url}/adapters/b"},
+                    {"name": "gone", "source": f"{web.url}/adapters/nothing"}]
+        first = await sync.run(body(declared), pods(server))
+        assert served(server) == {"web": f"{web.url}/adapters/b"}
+        entries = {e["name"]: e for e in first.status["adapters"]}
+        assert entries["web"] == {"name": "web", "readyPods": 1} and "HTTP 404" in entries["gone"]["lastError"]
+        requests = len(web.paths)
+        again = await sync.run(body(declared[:1], first.status), pods(server))
+        assert again.events == [] and served(server) == {"web": f"{web.url}/adapters/b"}
+        assert len(web.paths) == requests
 
 
 async def test_with_lora_off_the_adapter_status_is_cleared_once_and_then_costs_nothing():

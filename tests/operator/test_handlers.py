@@ -1,4 +1,5 @@
-"""`handlers.reconcile` against an in-memory fake of the Kube verbs: idempotence, drift, replicas."""
+"""`reconcile.reconcile` against an in-memory fake of the Kube verbs: idempotence, drift, replicas; and the
+handlers' `publish` (the one status writer) and wake-up from zero."""
 from __future__ import annotations
 
 import copy
@@ -6,6 +7,7 @@ import subprocess
 import sys
 
 from specfleet.operator import handlers
+from specfleet.operator.reconcile import ReconcileOutcome, reconcile
 from specfleet.operator.kube import is_subset
 
 NOW = "2026-01-01T00:00:00Z"
@@ -44,9 +46,9 @@ def body(spec=None, generation=1, status=None):
 
 def test_a_second_reconcile_writes_nothing_and_posts_no_plan_event():
     kube = FakeKube()
-    first = handlers.reconcile(body(), kube, NOW)
+    first = reconcile(body(), kube, NOW)
     writes = kube.writes
-    second = handlers.reconcile(body(status=first.status), kube, NOW)
+    second = reconcile(body(status=first.status), kube, NOW)
     assert kube.writes == writes and second.status["plan"] == first.status["plan"]
     assert not any(reason == "Planned" for _, reason, _ in second.events)
     assert {k for k, _, _ in kube.objects} == {"Deployment", "Service", "PodDisruptionBudget", "Secret", "NetworkPolicy"}
@@ -54,36 +56,36 @@ def test_a_second_reconcile_writes_nothing_and_posts_no_plan_event():
 
 def test_drifted_args_are_restored():
     kube = FakeKube()
-    handlers.reconcile(body(), kube, NOW)
+    reconcile(body(), kube, NOW)
     dep = kube.objects[("Deployment", "ns", "svc")]
     good = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
     dep["spec"]["template"]["spec"]["containers"][0]["args"] = ["--tampered"]
-    handlers.reconcile(body(), kube, NOW)
+    reconcile(body(), kube, NOW)
     assert kube.objects[("Deployment", "ns", "svc")]["spec"]["template"]["spec"]["containers"][0]["args"] == good
 
 
 def test_autoscaled_replicas_are_kept_within_bounds():
     kube = FakeKube()
     spec = {**BASE, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}
-    handlers.reconcile(body(spec), kube, NOW)
+    reconcile(body(spec), kube, NOW)
     kube.objects[("Deployment", "ns", "svc")]["spec"]["replicas"] = 3
-    assert handlers.reconcile(body(spec), kube, NOW).status["desiredReplicas"] == 3
+    assert reconcile(body(spec), kube, NOW).status["desiredReplicas"] == 3
     kube.objects[("Deployment", "ns", "svc")]["spec"]["replicas"] = 9
-    assert handlers.reconcile(body(spec), kube, NOW).status["desiredReplicas"] == 3
+    assert reconcile(body(spec), kube, NOW).status["desiredReplicas"] == 3
 
 
 def test_an_invalid_spec_is_degraded_and_touches_nothing():
     kube = FakeKube()
-    outcome = handlers.reconcile(body({"model": {"name": "m"}}), kube, NOW)
+    outcome = reconcile(body({"model": {"name": "m"}}), kube, NOW)
     assert outcome.status["phase"] == "Failed" and not kube.objects
     assert outcome.events[0][:2] == ("Warning", "InvalidSpec")
 
 
 def test_the_admin_token_is_created_once():
     kube = FakeKube()
-    handlers.reconcile(body(), kube, NOW)
+    reconcile(body(), kube, NOW)
     token = kube.objects[("Secret", "ns", "svc-admin")]["stringData"]["token"]
-    handlers.reconcile(body(), kube, NOW)
+    reconcile(body(), kube, NOW)
     assert kube.objects[("Secret", "ns", "svc-admin")]["stringData"]["token"] == token and len(token) > 20
 
 
@@ -102,15 +104,15 @@ class StatusRecorder:
 
 
 def test_publish_writes_status_only_when_more_than_a_timestamp_changed():
-    first = handlers.reconcile(body(), FakeKube(), NOW)
+    first = reconcile(body(), FakeKube(), NOW)
     recorder = StatusRecorder()
     handlers.publish(recorder, body(), first)
     assert recorder.patches == [first.status] and ("InferenceService", "Planned") in recorder.events
-    later = handlers.ReconcileOutcome({**first.status, "conditions": [
+    later = ReconcileOutcome({**first.status, "conditions": [
         {**c, "lastTransitionTime": "2026-01-02T00:00:00Z"} for c in first.status["conditions"]]})
     handlers.publish(recorder, body(status=first.status), later)
     assert len(recorder.patches) == 1                         # same status, newer timestamps: no write
-    handlers.publish(recorder, body(status=first.status), handlers.ReconcileOutcome({"desiredReplicas": 7}))
+    handlers.publish(recorder, body(status=first.status), ReconcileOutcome({"desiredReplicas": 7}))
     assert recorder.patches[-1] == {"desiredReplicas": 7}
 
 
@@ -125,7 +127,7 @@ PLAN_ONLY = {**BASE, "mode": "PlanOnly"}
 
 def test_plan_only_writes_the_plan_and_the_actions_and_creates_nothing():
     kube = FakeKube()
-    outcome = handlers.reconcile(body(PLAN_ONLY), kube, NOW)
+    outcome = reconcile(body(PLAN_ONLY), kube, NOW)
     assert kube.objects == {} and kube.writes == 0
     st = outcome.status
     assert st["phase"] == "Pending" and st["plan"]["gpusPerReplica"] >= 1
@@ -140,22 +142,22 @@ def test_plan_only_writes_the_plan_and_the_actions_and_creates_nothing():
 
 def test_switching_to_serving_creates_the_workload_and_drops_the_planned_actions():
     kube = FakeKube()
-    planned = handlers.reconcile(body(PLAN_ONLY), kube, NOW)
-    serving = handlers.reconcile(body(BASE, generation=2, status=planned.status), kube, NOW)
+    planned = reconcile(body(PLAN_ONLY), kube, NOW)
+    serving = reconcile(body(BASE, generation=2, status=planned.status), kube, NOW)
     assert ("Deployment", "ns", "svc") in kube.objects and serving.status["plannedActions"] is None
     assert any(r == "Applied" for _, r, _ in serving.events)
 
 
 def test_switching_a_running_service_to_plan_only_leaves_its_workload_untouched_and_says_so():
     kube = FakeKube()
-    handlers.reconcile(body(BASE), kube, NOW)
+    reconcile(body(BASE), kube, NOW)
     before, writes = copy.deepcopy(kube.objects), kube.writes
     slower = {**PLAN_ONLY, "slo": {**BASE["slo"], "itlP99Ms": 60}}
-    outcome = handlers.reconcile(body(slower, generation=2), kube, NOW)
+    outcome = reconcile(body(slower, generation=2), kube, NOW)
     assert kube.objects == before and kube.writes == writes
     leave = [a for a in outcome.status["plannedActions"] if a.startswith("leave Deployment svc running")]
     assert leave and "Serving would update it" in leave[0]
-    again = handlers.reconcile(body(slower, generation=2, status=outcome.status), kube, NOW)
+    again = reconcile(body(slower, generation=2, status=outcome.status), kube, NOW)
     assert not any(r == "PlanOnly" for _, r, _ in again.events)     # the same actions: no second Event
 
 

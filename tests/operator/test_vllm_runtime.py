@@ -7,7 +7,7 @@ import pytest
 
 from specfleet.operator import planner, render
 from specfleet.operator.control.window import build_window
-from specfleet.operator.metrics_source import parse_exposition
+from specfleet.operator.control.scrape import parse_exposition
 
 CPU = {"runtime": {"engine": "vllm"}, "model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m",
                                                 "dtype": "float32"},

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from specfleet.cluster.apiserver import running_apiserver
-from specfleet.operator import handlers
+from specfleet.operator.reconcile import reconcile
 from specfleet.operator.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,11 +38,11 @@ def test_a_failed_write_fails_one_reconcile_and_the_retry_converges_without_dupl
     server, kube = cluster
     httpx.post(server.url + "/_faults", json={"method": "POST", "path": "/deployments", "status": status})
     with pytest.raises(kube.client.ApiException) as failed:
-        handlers.reconcile(BODY, kube, "2026-01-01T00:00:00Z")
+        reconcile(BODY, kube, "2026-01-01T00:00:00Z")
     assert failed.value.status in (status, 404)          # a 409 for a missing object: the re-read finds none
-    outcome = handlers.reconcile(BODY, kube, "2026-01-01T00:00:01Z")   # kopf's retry
+    outcome = reconcile(BODY, kube, "2026-01-01T00:00:01Z")   # kopf's retry
     assert outcome.status["desiredReplicas"] >= 1
-    again = handlers.reconcile(BODY, kube, "2026-01-01T00:00:02Z")
+    again = reconcile(BODY, kube, "2026-01-01T00:00:02Z")
     assert not any(reason == "Applied" for _, reason, _ in again.events)   # converged: nothing rewritten
     assert (_count(server, "deployments"), _count(server, "services"), _count(server, "secrets")) == (1, 1, 1)
     assert httpx.get(server.url + "/_faults").json()[0]["fired"] == 1

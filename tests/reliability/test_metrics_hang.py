@@ -9,7 +9,7 @@ from aiohttp import web
 
 from specfleet.operator.control import autoscaler
 from specfleet.operator.control.window import build_window
-from specfleet.operator.metrics_source import scrape_pods
+from specfleet.operator.control.scrape import scrape_pods
 
 QUIET = """# TYPE vllm:num_requests_waiting gauge
 vllm:num_requests_waiting{model_name="tiny"} 0.0

@@ -9,7 +9,8 @@ import httpx
 import pytest
 import yaml
 
-from specfleet.operator import api, catalogs, handlers, planner, render
+from specfleet.operator import api, catalogs, planner, render
+from specfleet.operator.reconcile import reconcile
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "fuzz-admin-token"
@@ -192,7 +193,7 @@ def test_the_token_never_reaches_status_events_or_logs(caplog):
     kube = FakeKube()
     body = {"metadata": {"name": "svc", "namespace": "ns", "uid": "u1", "generation": 1}, "spec": CPU_SPEC}
     with caplog.at_level("DEBUG"):
-        outcome = handlers.reconcile(body, kube, "2026-01-01T00:00:00Z")
+        outcome = reconcile(body, kube, "2026-01-01T00:00:00Z")
     token = kube.objects[("Secret", "ns", "svc-admin")]["stringData"]["token"]
     assert len(token) >= 32
     everything = repr(outcome.status) + repr(outcome.events) + caplog.text

@@ -117,7 +117,7 @@ def test_admin_answers_409_while_speculation_is_not_configured(server_factory):
 
 def test_the_proposal_counters_give_the_operator_a_share_per_depth_while_off(spec_server):
     from specfleet.operator.control.window import build_window
-    from specfleet.operator.metrics_source import parse_exposition
+    from specfleet.operator.control.scrape import parse_exposition
 
     url, auth = f"{spec_server.base_url}/admin/speculation", {"Authorization": "Bearer s3cret"}
     httpx.post(url, json={"enabled": False, "num_speculative_tokens": 4}, headers=auth)

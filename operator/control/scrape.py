@@ -1,11 +1,12 @@
-"""Metrics in, speculation switches out: the control loop's only HTTP.
+"""Engine metrics in: a pod's Prometheus exposition, or its raw series from Prometheus, as one `Scrape`.
 
 - `parse_exposition(text, time)`: Prometheus text exposition -> `Scrape`.
 - `scrape_pods(endpoints)`: GET `/metrics` of every pod concurrently with a timeout; a pod that fails is
   left out (unknown), never reported as zeros.
 - `scrape_from_series(series, time)`: one pod's raw series as Prometheus returns them -> the same
-  `Scrape`, so windows are computed identically from either source (`control/sources.py` queries).
-- `set_speculation(base_url, enabled, k, token)`: POST `/admin/speculation` on one pod.
+  `Scrape`, so windows are computed identically from either source (`sources.py` queries).
+
+The speculation switch (the loop's one write to a pod) is `speculation_switch.py`.
 """
 from __future__ import annotations
 
@@ -84,23 +85,6 @@ async def _scrape_one(client: httpx.AsyncClient, base_url: str, timeout: float) 
         return parse_exposition(response.text, _time.monotonic())
     except (httpx.HTTPError, ValueError):
         return None
-
-
-async def set_speculation(base_url: str, enabled: bool, k: int, token: str | None,
-                          timeout: float = SCRAPE_TIMEOUT_S, client: httpx.AsyncClient | None = None) -> dict:
-    """Switch one pod's speculation; raises httpx.HTTPError on failure."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    body = {"enabled": enabled, "num_speculative_tokens": k}
-    own = client is None
-    client = client or httpx.AsyncClient(timeout=timeout)
-    try:
-        response = await client.post(base_url.rstrip("/") + "/admin/speculation", json=body, headers=headers,
-                                     timeout=timeout)
-        response.raise_for_status()
-        return response.json()
-    finally:
-        if own:
-            await client.aclose()
 
 
 def scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scrape:

@@ -5,9 +5,7 @@ asyncio task sleeps until the earliest one, steps the services that are due (an 
 `interval_s`; surge detection every `detect_interval_s` in between, only while the service has pods
 to scrape) and schedules them again. A service with no pods (and nothing scraped before) is idle: its
 turn costs a look at the `EngineView` and a heap push, once an interval. A service is never stepped
-twice at once; different services step concurrently, at most `concurrency` at a time. Once a burst of
-new services has been taken in (the count grew, then held still for `SETTLE_CHECK_S` while the process
-was mostly idle), the process's memory is settled (`memory.py`).
+twice at once; different services step concurrently, at most `concurrency` at a time.
 
 Each service's latest body is kept as `StoredBody`: compact JSON of the fields a step reads, decoded only
 when the service steps. Holding the watch's decoded body instead cost some 20 KiB of Python objects per
@@ -26,7 +24,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from specfleet.operator import status
-from specfleet.operator.control import discovery, memory
+from specfleet.operator.control import discovery
 from specfleet.operator.control.discovery import EngineView
 from specfleet.operator.control.runner import ControlOutcome, ServiceControl, now_iso
 
@@ -37,7 +35,6 @@ AfterInterval = Callable[[dict, list, ControlOutcome | None], Awaitable[ControlO
 
 
 STORED_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "labels")
-SETTLE_CHECK_S = 15.0                                   # how often to look whether a burst of new services ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,21 +96,6 @@ class ControlScheduler:
 
     async def run(self) -> None:
         """Step due services until cancelled."""
-        settling = asyncio.create_task(self._settle_after_bursts())
-        try:
-            await self._run()
-        finally:
-            settling.cancel()
-
-    async def _settle_after_bursts(self) -> None:
-        watch, cpu = memory.BurstWatch(), time.process_time()
-        while True:
-            await asyncio.sleep(SETTLE_CHECK_S)
-            busy, cpu = (time.process_time() - cpu) / SETTLE_CHECK_S, time.process_time()
-            if watch.settled(len(self._tracked), self.clock(), busy):
-                memory.settle()
-
-    async def _run(self) -> None:
         while True:
             now = self.clock()
             while self._heap and self._heap[0][0] <= now:

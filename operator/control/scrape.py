@@ -99,7 +99,7 @@ def scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scra
     sums: dict[str, float] = {}
     bases = {name.removesuffix("_bucket") for name, labels, _ in series if "le" in labels}
     for name, labels, value in series:
-        labels = {k: v for k, v in labels.items() if k in _KEEP}
+        labels = {k: v for k, v in labels.items() if k in SERIES_LABELS}
         base = name.rpartition("_")[0]
         if "le" in labels:
             key = series_key(base, labels)
@@ -117,4 +117,4 @@ def scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scra
     return Scrape(at, counters, gauges, _histograms(buckets, sums))
 
 
-_KEEP = ("model_name", "le", "batch_size_bucket", "speculating", "finished_reason", "reason", "position")
+SERIES_LABELS = ("model_name", "le", "batch_size_bucket", "speculating", "finished_reason", "reason", "position")

@@ -23,7 +23,7 @@ import httpx
 
 from specfleet.operator.control import telemetry
 from specfleet.operator.control.window import Scrape
-from specfleet.operator.control.scrape import _KEEP as SERIES_LABELS
+from specfleet.operator.control.scrape import SERIES_LABELS
 from specfleet.operator.control.scrape import SCRAPE_TIMEOUT_S, scrape_pods, scrape_from_series
 
 log = logging.getLogger("specfleet.operator.control")

@@ -208,28 +208,3 @@ def test_writes_whose_answer_is_not_read_reuse_one_connection():
     finally:
         server.shutdown()
         server.server_close()
-
-
-def test_memory_is_settled_once_after_a_burst_has_ended():
-    from specfleet.operator.control.memory import BurstWatch
-
-    watch = BurstWatch(min_growth=100, every_s=600.0)
-    counts = [0, 40, 500, 900, 900, 900, 950, 950, 1200, 1200, 1200, 300, 300, 450, 450]
-    assert [c for t, c in enumerate(counts) if watch.settled(c, 15.0 * t)] == [900, 1200, 450]
-    assert not watch.settled(450, 15.0 * 14 + 599) and watch.settled(450, 15.0 * 14 + 600)
-    busy = BurstWatch(min_growth=100)
-    assert [busy.settled(c, 15.0 * t, cpu) for t, (c, cpu) in enumerate([(5000, 0.9), (5000, 0.8), (5000, 0.1)])] \
-        == [False, False, True]                 # the count holds while the burst's reconciles still run
-
-
-def test_settling_freezes_what_survives_a_collection():
-    import gc
-
-    from specfleet.operator.control import memory
-
-    before = gc.get_freeze_count()
-    try:
-        memory.settle()
-        assert gc.get_freeze_count() > before
-    finally:
-        gc.unfreeze()

@@ -54,13 +54,15 @@ ITL_LE = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 class FakeEngine:
-    """Cumulative engine metrics advancing at set rates; records admin calls."""
+    """Cumulative engine metrics advancing at set rates; records admin calls. `alpha` is the per-token
+    acceptance probability of a geometric draft process, so the accepted share of drafted tokens follows
+    the depth k the operator sets, as a real engine's does."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.t = time.monotonic()
         self.rps, self.ttft, self.itl, self.batch, self.waiting = 0.5, 0.3, 0.05, 2.0, 0.0
-        self.acceptance, self.enabled, self.k = 0.7, True, 4
+        self.alpha, self.enabled, self.k = 0.86, True, 4
         self.report_ended = False         # export vllm:request_success_total (requests ended at `rps`)
         self.c = {"first": 0.0, "ttft_sum": 0.0, "ttft": [0.0] * len(TTFT_LE), "itl": [0.0] * len(ITL_LE),
                   "tokens": 0.0, "steps": 0.0, "seqs": 0.0, "drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0,
@@ -91,7 +93,7 @@ class FakeEngine:
         drafted = steps * self.batch * self.k
         key = ("draft_tokens", "accepted") if self.enabled else ("cf_draft", "cf_accepted")
         c[key[0]] += drafted
-        c[key[1]] += drafted * self.acceptance
+        c[key[1]] += drafted * accepted_share(self.alpha, self.k)
         if self.enabled:
             c["drafts"] += steps * self.batch
 
@@ -122,6 +124,11 @@ class FakeEngine:
                                 c["first"] * 50 * self.itl)
             lines += _histogram("specfleet:batch_size", (), [], c["steps"], c["seqs"])
             return "\n".join(lines) + "\n"
+
+
+def accepted_share(alpha: float, k: int) -> float:
+    """Accepted share of k drafted tokens when each is accepted with probability alpha until the first miss."""
+    return 1.0 if alpha >= 1 else alpha * (1 - alpha ** k) / ((1 - alpha) * k)
 
 
 def _histogram(name, bounds, counts, total, total_sum) -> list[str]:

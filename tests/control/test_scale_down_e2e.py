@@ -19,7 +19,7 @@ NS = "sd"
 def test_the_least_loaded_pods_are_marked_before_the_deployment_scales_down(tmp_path, fake_engine_pods):
     engines, urls = fake_engine_pods(3)
     for engine, (batch, waiting) in zip(engines, ((6.0, 1.0), (0.0, 0.0), (2.0, 0.0))):
-        engine.set(rps=0.02, batch=batch, waiting=waiting, acceptance=0.7)
+        engine.set(rps=0.02, batch=batch, waiting=waiting, alpha=0.86)
     env = {"SPECFLEET_CONTROL_INTERVAL": "1", "SPECFLEET_DETECT_INTERVAL": "0"}
     autoscaling = {"minReplicas": 2, "maxReplicas": 4, "scaleUpStabilizationSeconds": 0,
                    "scaleDownStabilizationSeconds": 0}
@@ -40,7 +40,7 @@ def test_a_lowered_fixed_replica_count_also_removes_the_least_loaded_pods(tmp_pa
     """`kubectl scale infsvc` (a fixed spec.replicas lowered): the reconcile marks the pods first too."""
     engines, urls = fake_engine_pods(3)
     for engine, (batch, waiting) in zip(engines, ((6.0, 1.0), (0.0, 0.0), (2.0, 0.0))):
-        engine.set(rps=0.02, batch=batch, waiting=waiting, acceptance=0.7)
+        engine.set(rps=0.02, batch=batch, waiting=waiting, alpha=0.86)
     env = {"SPECFLEET_CONTROL_INTERVAL": "1", "SPECFLEET_DETECT_INTERVAL": "0"}
     with operator_for(tmp_path, urls, NS, env, {"minReplicas": 1, "maxReplicas": 4}) as (apps, core, custom):
         def set_replicas(n: int) -> None:

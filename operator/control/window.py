@@ -17,7 +17,7 @@ from typing import Iterable, Mapping
 
 # Engine metric names (docs/design.md; counters without their `_total` suffix).
 RUNNING, WAITING, KV_USAGE = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
-PROMPT_TOKENS, GENERATION_TOKENS = "vllm:prompt_tokens", "vllm:generation_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
 DRAFTS, DRAFT_TOKENS = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
@@ -137,7 +137,6 @@ class Window:
     running: float | None = None
     queue_depth: float | None = None
     kv_cache_usage: float | None = None
-    prompt_tokens_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     acceptance_rate: float | None = None             # accepted / drafted tokens while on
     mean_accepted_length: float | None = None        # 1 + accepted tokens per draft
@@ -216,7 +215,6 @@ def build_window(prev: Mapping[str, Scrape], cur: Mapping[str, Scrape], expected
         ttft=first, itl=d.hist(ITL),
         batch_size_mean=batch.sum / batch.count if batch is not None and batch.count > 0 else None,
         running=_gauge_sum(now, RUNNING), queue_depth=waiting_now, kv_cache_usage=_gauge_mean(now, KV_USAGE),
-        prompt_tokens_per_second=_rate(d.counter(PROMPT_TOKENS), seconds),
         generation_tokens_per_second=_rate(d.counter(GENERATION_TOKENS), seconds),
         acceptance_rate=accepted / drafts if drafts and accepted is not None else None,
         mean_accepted_length=1 + accepted / d.counter(DRAFTS) if d.counter(DRAFTS) and accepted is not None else None,

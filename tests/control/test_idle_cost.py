@@ -13,7 +13,7 @@ from specfleet.operator.control.discovery import EngineView
 from specfleet.operator.control.runner import ControlOutcome, ServiceControl, effective_patch
 from specfleet.operator.control.sources import SourceReport
 from specfleet.operator.control.window import Scrape
-from tests.control.test_scheduler import INTERVAL, FakeControl, _run_for, serving_pod
+from tests.control.scheduler_kit import INTERVAL, FakeControl, run_for, serving_pod
 
 
 def _step(observed: dict, events=()) -> loop.Step:
@@ -122,7 +122,7 @@ def test_a_step_that_changes_nothing_is_not_published_but_one_with_events_is():
         control = Unchanging("quiet")
         body = {"metadata": {"name": "quiet"}, "status": {"observed": {"queueDepth": 0.0}}}
         sched.track(("ns", "quiet"), control, scheduler.StoredBody.of(body))
-        await _run_for(INTERVAL * 4.5, sched)
+        await run_for(INTERVAL * 4.5, sched)
         return control
     control = asyncio.run(main())
     assert control.steps.count("interval") >= 3

@@ -4,47 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from specfleet.operator.control import loop, scheduler
+from specfleet.operator.control import scheduler
 from specfleet.operator.control.discovery import EngineView
-from specfleet.operator.control.runner import ControlOutcome
 
-INTERVAL, DETECT = 0.1, 0.03
-
-
-class FakeControl:
-    """Records its steps; idle while the view shows it no pods (as ServiceControl is without history)."""
-
-    def __init__(self, name: str):
-        self.namespace, self.name = "ns", name
-        self.config = loop.LoopConfig(interval_s=INTERVAL, detect_interval_s=DETECT)
-        self.steps: list[str] = []
-        self.kube = self
-
-    def transient(self, exc) -> bool:
-        return False
-
-    def idle(self, pods) -> bool:
-        return not pods
-
-    async def interval(self, body, pods, replicas, when):
-        self.steps.append("interval")
-        return ControlOutcome({"observed": {"n": len(self.steps)}}, [])
-
-    async def detect(self, body, pods, replicas, when):
-        self.steps.append("detect")
-        return None
-
-
-def serving_pod(name: str) -> dict:
-    return {"metadata": {"name": f"{name}-0", "namespace": "ns", "labels": {"specfleet.io/inferenceservice": name}},
-            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8123}]}]},
-            "status": {"podIP": "127.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}}
-
-
-async def _run_for(seconds: float, sched: scheduler.ControlScheduler) -> None:
-    task = asyncio.create_task(sched.run())
-    await asyncio.sleep(seconds)
-    task.cancel()
+from tests.control.scheduler_kit import FakeControl, run_for, serving_pod
 
 
 def test_idle_services_are_not_stepped_and_served_ones_are():
@@ -61,7 +24,7 @@ def test_idle_services_are_not_stepped_and_served_ones_are():
         busy = FakeControl("busy")
         view.pod_changed(serving_pod("busy"))
         sched.track(("ns", "busy"), busy, lambda: {"metadata": {"name": "busy"}})
-        await _run_for(0.6, sched)
+        await run_for(0.6, sched)
         return idle, busy
     idle, busy = asyncio.run(main())
     assert all(c.steps == [] for c in idle)
@@ -81,7 +44,7 @@ def test_a_forgotten_service_is_stepped_no_more():
         control = FakeControl("gone")
         sched.track(("ns", "gone"), control, lambda: {"metadata": {"name": "gone"}})
         sched.forget(("ns", "gone"))
-        await _run_for(0.3, sched)
+        await run_for(0.3, sched)
         return control, len(sched)
     control, tracked = asyncio.run(main())
     assert control.steps == [] and tracked == 0

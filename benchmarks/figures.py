@@ -116,6 +116,38 @@ def speculation_table(d: dict) -> str:
                   "mean accepted length"], rows)
 
 
+SPECULATION_K1 = "speculation_steady_k1.json"
+
+
+def _spread(values: list) -> str:
+    return "–".join("∞" if v == "inf" else f"{v:.1f}" for v in values)
+
+
+def break_even_table(d: dict) -> str:
+    """Measured crossing of 1 (median over repeats, per-repeat min–max) against the batch the operator's
+    costs price it at, at the run's measured acceptance and draft share."""
+    rows = [[r["workload"], str(r["k"]), f"{r['acceptance_rate']:.2f}", f"{r['draft_share']:.2f}",
+             _spread([r["measured_break_even"]]), _spread(r["measured_spread"]), f"{r['predicted_profile']:.1f}",
+             f"{r['predicted_roofline']:.1f}"] for r in d["break_even"]]
+    return table(["workload", "k", "acceptance", "draft share", "measured break-even", "per-repeat range",
+                  "profile prices", "roofline prices"], rows)
+
+
+def priced_by_batch_table(d: dict) -> str:
+    """Per batch: the measured speed-up (median, range) and the profile's price of what speculation did."""
+    rows = [[e["workload"], str(e["batch"]), f"{e['measured']:.2f} ({e['measured_range'][0]:.2f}–"
+             f"{e['measured_range'][1]:.2f})", f"{e['predicted_profile']:.2f}",
+             "yes" if e["measured_range"][0] <= e["predicted_profile"] <= e["measured_range"][1] else "no"]
+            for e in d["speedup_by_batch"]]
+    return table(["workload", "batch", "measured", "profile prices", "in range"], rows)
+
+
+def repriced_line(d: dict) -> str:
+    again = d["predicted_again"]
+    return (f"Priced by `{again['command']}` at commit `{again['commit']}` ({again['date']}), from the "
+            f"measurements of `{provenance(d)['command'] or d['args']['json']}`.")
+
+
 # --- operator ---------------------------------------------------------------------------------------------
 
 SCALE_5000 = "operator_scale_5000.json"
@@ -194,6 +226,27 @@ def sim_within(d: dict) -> str:
     return f"{d['within_share']:.1%}"
 
 
+CONTENTION, SIM_CONTENTION = "contention_zen4.json", "sim_to_real_zen4_contention.json"
+
+
+def contention_table(d: dict) -> str:
+    f = d["factors"]
+    counts = sorted({int(c) for v in f.values() for c in v})
+
+    def cell(state: str, c: int) -> str:
+        x = f.get(state, {}).get(str(c))
+        if x is None:
+            return "-"
+        lo, hi = x.get("step_factor_range") or (x["step_factor"],) * 2
+        return f"{x['step_factor']:.2f}" + (f" [{lo:.2f}–{hi:.2f}]" if f"{lo:.2f}" != f"{hi:.2f}" else "")
+    return table(["clients", "slowdown, speculation off [range]", "slowdown, speculation on [range]"],
+                 [[str(c), cell("off", c), cell("on", c)] for c in counts])
+
+
+def sim_within_by_phase(d: dict) -> str:
+    return ", ".join(f"{phase} {share:.0%}" for phase, share in d["within_by_phase"].items())
+
+
 # --- the registry -----------------------------------------------------------------------------------------
 
 # --- multi-LoRA -------------------------------------------------------------------------------------------
@@ -250,6 +303,12 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("speculation.copy_b1", SPECULATION, lambda d: spec_speedup(d, "copy-heavy", 1)),
     Figure("speculation.table", SPECULATION, speculation_table),
     Figure("speculation.provenance", SPECULATION, provenance_line),
+    Figure("speculation.break_even", SPECULATION, break_even_table),
+    Figure("speculation.priced", SPECULATION, priced_by_batch_table),
+    Figure("speculation.repriced", SPECULATION, repriced_line),
+    Figure("speculation_k1.break_even", SPECULATION_K1, break_even_table),
+    Figure("speculation_k1.priced", SPECULATION_K1, priced_by_batch_table),
+    Figure("speculation_k1.repriced", SPECULATION_K1, repriced_line),
     Figure("operator.scale_5000", SCALE_5000, scale_table),
     Figure("operator.scale_5000.provenance", SCALE_5000, provenance_line),
     Figure("operator.failover", FAILOVER, failover_table),
@@ -262,6 +321,11 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("sim_to_real.profile.within", SIM_PROFILE, sim_within),
     Figure("sim_to_real.real_scales.within", SIM_REAL, sim_within),
     Figure("sim_to_real.provenance", SIM_REAL, provenance_line),
+    Figure("sim_to_real.contention.within", SIM_CONTENTION, sim_within),
+    Figure("sim_to_real.contention.by_phase", SIM_CONTENTION, sim_within_by_phase),
+    Figure("sim_to_real.contention.provenance", SIM_CONTENTION, provenance_line),
+    Figure("contention.table", CONTENTION, contention_table),
+    Figure("contention.provenance", CONTENTION, provenance_line),
     Figure("control.provenance", CONTROL, provenance_line),
     Figure("lora.table", LORA, lora_table),
     Figure("lora.ratio", LORA, lambda d: f"{d['lora/base']['output_throughput']:.3f}×"),

@@ -11,7 +11,14 @@ manifests/examples/smollm2-cpu.yaml with the real speculation controller and onl
 (sim/replay.py), in each speculation mode, with the control interval and dwell the real
 benchmark uses (5 s / 10 s by default). Per phase it reports the median and spread (max - min) over
 seeds; with `--real`, the real run's figures and the sim / real ratio, and whether each lies within
-+-25% (the target). Writes benchmarks/results/sim_to_real.json.
++-25% (the target), overall, per phase and per metric. Writes benchmarks/results/sim_to_real.json.
+
+`--truth contention` slows each simulated step by the factor a calibration run measured at the clients in
+flight (benchmarks/contention.py's result, `--contention FILE`; sim/contention.py): an input measured at
+fixed client counts, never the compared run's answers (as `--truth real-scales` uses).
+
+    .venv/bin/python benchmarks/sim_to_real.py --real benchmarks/results/closed_loop_zen4.json --scale 0.2 \
+        --truth contention --out benchmarks/results/sim_to_real_zen4_contention.json
 """
 from __future__ import annotations
 
@@ -28,7 +35,9 @@ from rich.console import Console
 from rich.table import Table
 
 from specfleet.engine import profile_model
+from specfleet.sim import contention as cont
 from specfleet.sim import replay
+from specfleet.sim.contention import Contention
 from specfleet.sim.trace import SIM_TO_REAL, Phase, Trace
 from specfleet.sim import truth
 from specfleet.sim.truth import find_profile
@@ -38,6 +47,7 @@ from provenance import stamp                     # benchmarks/provenance.py: com
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
 OUT = Path(__file__).parent / "results" / "sim_to_real.json"
+CONTENTION = Path(__file__).parent / "results" / "contention_zen4.json"     # benchmarks/contention.py
 METRICS = ("throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "batch_mean",
            "speculation_on_share")
 TOLERANCE = 0.25
@@ -99,7 +109,7 @@ def real_scales(real: dict) -> tuple[float, float] | None:
 
 def simulate(profile_path: Path, modes: tuple[str, ...], seeds: tuple[int, ...], trace: Trace, interval: float,
              dwell: float, prompt_tokens: dict[str, int], prefix_hit: dict[str, float] | None = None,
-             scales: tuple[float, float] | None = None) -> dict:
+             scales: tuple[float, float] | None = None, contention: Contention | None = None) -> dict:
     """{mode: {"phases": {phase: {metric: median, metric_spread: max - min}}, "switches": [per seed]}}."""
     spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
     profile = profile_model.load(profile_path)
@@ -109,7 +119,7 @@ def simulate(profile_path: Path, modes: tuple[str, ...], seeds: tuple[int, ...],
     for mode in modes:
         runs = [replay.replay(trace, spec, profile, replay.ReplayConfig(mode=mode, interval_s=interval, dwell_s=dwell,
                                                                        seed=s, prompt_tokens=prompt_tokens,
-                                                                       prefix_hit=prefix_hit))
+                                                                       prefix_hit=prefix_hit, contention=contention))
                 for s in seeds]
         out[mode] = {"phases": {name: _aggregate([r["phases"][name] for r in runs]) for name in runs[0]["phases"]},
                      "truth_notes": runs[0]["truth_notes"], "token_budget": runs[0]["token_budget"],
@@ -173,6 +183,20 @@ def print_compare(console: Console, rows: list[dict]) -> None:
     console.print(t)
 
 
+def _rel(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
+def within_by(rows: list[dict], key: str) -> dict[str, float]:
+    """The share of cells within tolerance per phase or per metric (`key`)."""
+    out: dict[str, list[bool]] = {}
+    for r in rows:
+        if r["within"] is not None:
+            out.setdefault(r[key], []).append(bool(r["within"]))
+    return {k: round(sum(v) / len(v), 3) for k, v in out.items()}
+
+
 def _cell(value, spread=None) -> str:
     if value is None:
         return "-"
@@ -196,9 +220,16 @@ def main() -> None:
     ap.add_argument("--prefix-hit", type=float, nargs=2, metavar=("COPY_HEAVY", "OPEN_ENDED"),
                     help="share of prompt tokens the prefix cache serves per workload (default: the real run's "
                          "measured share, else the repeated prompts' full blocks)")
-    ap.add_argument("--truth", choices=("profile", "real-scales"), default="profile",
+    ap.add_argument("--truth", choices=("profile", "real-scales", "contention"), default="profile",
                     help="profile: the profile as measured; real-scales: its fits times the decode and verify "
-                         "scales the real run's operator measured online (the engines' speed on the day)")
+                         "scales the real run's operator measured online (the engines' speed on the day); "
+                         "contention: the profile with each step slowed by the clients in flight as a "
+                         "calibration run measured it (--contention)")
+    ap.add_argument("--contention", type=Path, default=CONTENTION,
+                    help="benchmarks/contention.py's result, for --truth contention")
+    ap.add_argument("--contention-basis", choices=cont.BASES, default="step_factor",
+                    help="step_factor: the engine's step time over the profile's; period_factor: wall time "
+                         "per step (the gaps between steps too)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     path = args.profile or find_profile("smollm2-135m", "cpu")
@@ -216,12 +247,16 @@ def main() -> None:
     trace = (real_trace(real) if real else None) or SIM_TO_REAL.scaled(args.scale)
     hits = prefix_hits(real, prompts) if args.prefix_hit is None else dict(zip(prompts, args.prefix_hit))
     scales = real_scales(real) if real and args.truth == "real-scales" else None
+    slowdown = cont.load(args.contention, args.contention_basis) if args.truth == "contention" else None
     sim = simulate(path, tuple(args.modes), tuple(args.seeds), trace, args.interval, args.dwell, prompts, hits,
-                   scales)
+                   scales, slowdown)
     print_sim(console, sim)
     result = {**stamp("benchmarks/sim_to_real.py", sys.argv[1:]),
               "profile": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
               "prompt_tokens": prompts, "prefix_hit": hits, "truth": args.truth, "truth_scales": scales,
+              **({"contention": _rel(args.contention), "contention_basis": args.contention_basis,
+                  "contention_factors": {"clients": slowdown.clients, "off": slowdown.off, "on": slowdown.on}}
+                 if slowdown else {}),
               "trace": {"phases": [p.__dict__ for p in trace.phases],
                                                   "max_tokens": trace.max_tokens},
               "seeds": args.seeds, "interval_s": args.interval, "dwell_s": args.dwell, "simulator": sim}
@@ -230,7 +265,10 @@ def main() -> None:
         print_compare(console, rows)
         result.update(real=str(args.real), comparison=rows,
                       within_share=round(sum(bool(r["within"]) for r in rows if r["within"] is not None)
-                                         / max(1, sum(r["within"] is not None for r in rows)), 3))
+                                         / max(1, sum(r["within"] is not None for r in rows)), 3),
+                      within_by_phase=within_by(rows, "phase"), within_by_metric=within_by(rows, "metric"))
+        console.print(f"within +-{TOLERANCE:.0%}: {result['within_share']:.0%} of cells; by phase "
+                      f"{result['within_by_phase']}; by metric {result['within_by_metric']}", markup=False)
     result["seconds"] = round(time.time() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")

@@ -264,13 +264,24 @@ def speedup_by_batch(rows: list[dict], costs: dict) -> list[dict]:
         if r["method"] != "ngram" or "seq_steps" not in r:
             continue
         gain, verify_q = drafting([r], 1)
+        share = drafting_share(r)
         entry = {"workload": r["workload"], "batch": r["batch"], "measured": statistics.median(r["speedups"]),
-                 "measured_range": [min(r["speedups"]), max(r["speedups"])]}
+                 "measured_range": [min(r["speedups"]), max(r["speedups"])], "drafting_share": share}
         for name, cost in costs.items():
             entry[f"predicted_{name}"] = gain * cost.step(r["batch"], r["context"], 1) / cost.step(
-                r["batch"], r["context"], verify_q)
+                r["batch"], r["context"], verify_q, share)
         out.append(entry)
     return out
+
+
+def drafting_share(row: dict) -> float:
+    """Share of a steady row's decoding sequence-steps that verified a draft (drafts = accepted tokens over
+    the mean accepted length less one); without acceptances, drafted tokens per k sequence-steps."""
+    if row.get("mean_accepted_length", 1) > 1 and row.get("accepted"):
+        drafts = row["accepted"] / (row["mean_accepted_length"] - 1)
+    else:
+        drafts = row["drafted"] / max(1, row["k"])
+    return min(1.0, drafts / max(1, row["seq_steps"]))
 
 
 def by_batch_summary(entries: list[dict], names: list[str]) -> dict:
@@ -436,9 +447,9 @@ def predict_again(args) -> None:
     earlier = json.loads(args.predict_from.read_text())
     ran = argparse.Namespace(**earlier["args"])
     predictions = predict(earlier["rows"], operator_costs(args.profile), ran)
-    args.json.write_text(json.dumps({**earlier, **predictions,
-                                     "predicted_again": {"from": str(args.predict_from), "profile": args.profile}},
-                                    indent=2))
+    again = {"from": str(args.predict_from), "profile": args.profile,
+             **stamp("benchmarks/speculation.py", sys.argv[1:])}
+    args.json.write_text(json.dumps({**earlier, **predictions, "predicted_again": again}, indent=2))
 
 
 def _break_even_rich(table_rows: list[dict], names: list[str], args):

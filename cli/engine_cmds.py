@@ -243,6 +243,8 @@ def profile(
     profile_model.save(result, output)
     fits = ", ".join(f"{kind} ±{fit.rel_rms_error:.1%}" for kind, fit in result.fit.items())
     typer.echo(f"wrote {output}: {len(result.points)} points; fit error (relative RMS) {fits}")
+    for note in profile_model.left_out(result.points, result.fit):
+        typer.echo(note)
 
 
 @app.command("refit-profile")
@@ -267,3 +269,5 @@ def refit_profile(
         was = f" (was ±{before.rel_rms_error:.1%})" if before else ""
         knee = f", knee at {fit.knee:g} tokens" if fit.b2 else ""
         typer.echo(f"{kind}: ±{fit.rel_rms_error:.1%}{was}{knee}")
+    for note in profile_model.left_out(refitted.points, refitted.fit):
+        typer.echo(note)

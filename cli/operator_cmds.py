@@ -65,7 +65,10 @@ def run(namespace: list[str] = typer.Option([], "--namespace", "-n", help="Names
 
 def plan_cmd(file: Path = typer.Option(..., "--file", "-f", exists=True, dir_okay=False,
                                        help="An InferenceService manifest."),
-             output: str = typer.Option("table", "--output", "-o", help="table | yaml")) -> None:
+             output: str = typer.Option("table", "--output", "-o", help="table | yaml"),
+             profiles: Optional[Path] = typer.Option(None, "--profiles", exists=True, file_okay=False,
+                                                     help="A folder of <model>--<accelerator>.json profiles to "
+                                                          "plan with (default: the packaged catalogue).")) -> None:
     """Print the plan for an InferenceService, without a cluster."""
     import yaml
 
@@ -84,7 +87,8 @@ def plan_cmd(file: Path = typer.Option(..., "--file", "-f", exists=True, dir_oka
             failed = True
             continue
         spec = model_folder.with_folder_architecture(spec, catalogs.models())
-        result = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
+        result = planner.plan(spec, catalogs.gpus(), catalogs.models(),
+                              catalogs.profiles(str(profiles) if profiles else None))
         failed |= isinstance(result, planner.Infeasible)
         if output == "yaml":
             typer.echo(yaml.safe_dump(_as_yaml(name, doc, spec, result, render, status), sort_keys=False))
@@ -111,7 +115,7 @@ def _print_table(name, spec, result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from specfleet.operator import planner
+    from specfleet.operator import planner, status
 
     console = Console()
     if isinstance(result, planner.Infeasible):
@@ -143,6 +147,8 @@ def _print_table(name, spec, result) -> None:
     console.print(table)
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+    if result.calibration.refused:
+        console.print(f"[yellow]warning:[/] {status.profile_refused(result)}", soft_wrap=True)
 
 
 def _cost_source(source) -> str:

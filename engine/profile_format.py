@@ -54,6 +54,11 @@ class StepFit:
         return self.a + (self.s + self.sc * context) * batch + self.b * tokens + bend + self.c * tokens * context
 
     @property
+    def parameters(self) -> int:
+        """Coefficients this fit uses: a, b, c, plus s and sc where fitted, plus b2 and the knee's place."""
+        return 3 + (self.s != 0) + (self.sc != 0) + 2 * (self.b2 != 0)
+
+    @property
     def b_past_knee(self) -> float:
         """Seconds per token in a step of many tokens (a prompt chunk's)."""
         return self.b + self.b2
@@ -114,7 +119,8 @@ class Profile:
 def from_json(data: dict) -> Profile:
     version = data.get("version")
     if version != PROFILE_VERSION:
-        raise ValueError(f"profile version {version!r} is not supported (expected {PROFILE_VERSION})")
+        raise ValueError(f"profile version {version!r} is not supported (expected {PROFILE_VERSION}): another "
+                         f"specfleet wrote it; measure again with `specfleet engine profile`")
     try:
         return Profile(
             model=data["model"], device=data["device"], dtype=data["dtype"], host=data["host"],

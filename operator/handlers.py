@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import httpx
@@ -31,6 +32,13 @@ from specfleet.operator.kube import FORBIDDEN_RETRY_S, Kube
 from specfleet.operator.reconcile import ReconcileOutcome, reconcile, retry_backoff
 
 MANAGED = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
+# kopf starts one worker per object with an event, all at once: a burst of 5,000 creates held ~5,000 handlers
+# (bodies, kopf's per-event state, our copies; some 45 KiB each) in memory while six threads reconciled them,
+# and CPython keeps that peak in its arenas for good (docs/operator.md, "Memory and idle cost"). Beyond the
+# limit an object waits as its raw event alone. A worker keeps its slot until its object is quiet for
+# `WORKER_IDLE_S` (with kopf's default 5 s, parked slots rather than the reconciles would pace a burst).
+DEFAULT_WORKER_LIMIT = 512
+WORKER_IDLE_S = 1.0
 log = logging.getLogger("specfleet.operator")
 
 
@@ -42,6 +50,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     settings.persistence.finalizer = "specfleet.io/operator"
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 16
+    settings.queueing.worker_limit = worker_limit()
+    settings.queueing.idle_timeout = WORKER_IDLE_S
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
     if getattr(memo, "kube", None) is None:
@@ -65,6 +75,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
 async def close(memo: kopf.Memo, **_) -> None:
     memo.scheduler_task.cancel()
     await memo.http.aclose()
+
+
+def worker_limit(env=os.environ) -> int:
+    """Objects of one kind handled at once (`SPECFLEET_WORKER_LIMIT`, default `DEFAULT_WORKER_LIMIT`)."""
+    value = int(env.get("SPECFLEET_WORKER_LIMIT") or DEFAULT_WORKER_LIMIT)
+    if value < 1:
+        raise ValueError(f"SPECFLEET_WORKER_LIMIT must be at least 1, got {value}")
+    return value
 
 
 def publish(k: Kube, body, outcome: ReconcileOutcome | runner.ControlOutcome) -> None:

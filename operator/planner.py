@@ -7,8 +7,9 @@ speculation depth that maximises goodput at the expected batch. It keeps the siz
 throughput per GPU. When no size meets the SLO it says why, with the closest numbers that would work.
 
 Step times come from the measured profile of the service's (model, accelerator) when the profile
-catalogue passed in has a usable one, else from the roofline over the GPU catalogue's calibration
-(`specfleet.operator.cost`); the plan records which (`Plan.calibration`).
+catalogue passed in has a usable one (measured on that model and accelerator: `catalogs/profile_match.py`),
+else from the roofline over the GPU catalogue's calibration (`specfleet.operator.cost`); the plan records
+which and why (`Plan.calibration`).
 
 Planning assumes the declared `minAcceptanceRate` as the acceptance rate (the controller turns
 speculation off below it, so it is the worst acceptance the plan will ever run with), and sizes decode
@@ -23,6 +24,7 @@ from specfleet.operator import capacity
 from specfleet.operator.api import InferenceServiceSpec
 from specfleet.operator.catalogs import Gpu, GpuCatalog, ModelCatalog
 from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, ProfileCatalog
+from specfleet.operator.catalogs.profile_match import refusal
 from specfleet.operator.cost import (Architecture, Calibration, CostSource, ProfileCost, Roofline, StepCost, best_k,
                                      draft_time_fn, goodput, kv_blocks, kv_bytes_per_token, kv_pool_bytes,
                                      lora_slot_bytes, max_batch_for_speculation, max_num_seqs, no_draft_cost,
@@ -116,7 +118,7 @@ def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog,
     if isinstance(draft, Infeasible):
         return draft
     shape = arch.with_dtype(spec.model.dtype)
-    profile, source = _profile(spec, profiles)
+    profile, source = _profile(spec, profiles, gpu, models)
     results = [_size(spec, shape, gpu, tp, profile) for tp in tp_candidates(spec, arch, gpu)]
     sized = [r for r in results if isinstance(r, _Sizing)]
     if not sized:
@@ -126,16 +128,22 @@ def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog,
     return _sized_like_the_autoscaler(spec, finished, gpus, models)
 
 
-def _profile(spec: InferenceServiceSpec, profiles: ProfileCatalog) -> tuple[ProfileCost | None, CostSource]:
-    """The measured cost of the service's (model, accelerator), if usable, and the source it makes."""
+def _profile(spec: InferenceServiceSpec, profiles: ProfileCatalog, gpu: Gpu,
+             models: ModelCatalog) -> tuple[ProfileCost | None, CostSource]:
+    """The measured cost of the service's (model, accelerator), if usable, and the source it makes. A file
+    that cannot be read, or was measured on another model or machine, is refused (Degraded says so); one
+    measured in another dtype is not refused, only not this service's cost (there is no file per dtype)."""
     entry = profiles.lookup(spec.model, spec.accelerator.type)
     if entry is None:
         return None, planned_source(None)
-    if entry.cost is not None and entry.cost.dtype not in ("", spec.model.dtype):
+    refused = entry.error or (refusal(entry.cost, entry.name, spec.model, gpu, models) if entry.cost else "")
+    if refused or entry.cost is None:
+        return None, planned_source(None, refused, refused=True)
+    if entry.cost.dtype not in ("", spec.model.dtype):
         # the engine runs the declared dtype (render passes it), so a profile of another one is not its cost
         return None, planned_source(None, f"profile {entry.name} was measured in {entry.cost.dtype}; "
                                           f"spec.model.dtype is {spec.model.dtype}")
-    return entry.cost, planned_source(entry.cost, entry.error)
+    return entry.cost, planned_source(entry.cost)
 
 
 def _unknown_model(source: str) -> str:

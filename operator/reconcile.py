@@ -147,6 +147,8 @@ def _events(old: dict, patch: dict, plan: planner.Plan, applied: dict) -> list[t
                        f"ITL p99 {p['predicted']['itlP99Ms']} ms"))
     for warning in plan.warnings:
         events.append(("Warning", "CapacityLimited", warning))
+    if plan.calibration.refused and old.get("observedGeneration") != patch.get("observedGeneration"):
+        events.append(("Warning", status.PROFILE_REFUSED, status.profile_refused(plan)))    # once a generation
     changed = [f"{verb} {kind}" for kind, verb in applied.items() if verb != "unchanged"]
     if changed:
         events.append(("Normal", "Applied", ", ".join(changed)))

@@ -138,6 +138,7 @@ def _infeasible(result: Infeasible, generation: int, selector: str, previous: Se
 
 
 ADAPTER_FAILED = "AdapterFailed"
+PROFILE_REFUSED = "ProfileRefused"
 FEASIBLE = Condition("Degraded", FALSE, "PlanFeasible", "the plan meets the declared SLO")
 
 
@@ -146,7 +147,14 @@ def _degraded(plan: Plan, adapter_problems: Sequence[str] = ()) -> Condition:
         return Condition("Degraded", TRUE, "CapacityLimited", "; ".join(plan.warnings))
     if adapter_problems:
         return Condition("Degraded", TRUE, ADAPTER_FAILED, "; ".join(adapter_problems))
+    if plan.calibration.refused:
+        return Condition("Degraded", TRUE, PROFILE_REFUSED, profile_refused(plan))
     return FEASIBLE
+
+
+def profile_refused(plan: Plan) -> str:
+    """The message of a refused profile: why, and what sized the plan instead."""
+    return f"{plan.calibration.reason}; the roofline prices the steps instead"
 
 
 def adapter_degraded(previous: Sequence[dict], adapter_problems: Sequence[str]) -> Condition | None:

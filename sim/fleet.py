@@ -14,6 +14,9 @@ latencies the pods report are those of each sequence-step's tokens, as the engin
 that yields j tokens of a sequence gives each of them step / j, with j as many as the drafts accepted
 plus one (`_token_classes`), so speculation's tail is one whole step while its mean is the step over
 the tokens expected.
+With a `contention.Contention`, each step is that much longer at the fleet's requests in flight (engines
+and clients sharing the machine's cores, as `benchmarks/contention.py` measured them); without one, as the
+profile says.
 The gateway (as `cluster/gateway.py`) hands each request on arrival to the ready pod with the fewest
 prompts waiting for prefill, then the fewest held (an endpoint picker that reads the engines' queue
 depth); it holds requests only while no pod is ready. A request stays with its pod: a backlog built
@@ -42,6 +45,7 @@ import numpy as np
 from specfleet.operator.control import window as w
 from specfleet.operator.capacity import ServiceModel
 from specfleet.operator.cost import Share, expected_tokens, share_at, share_per_token
+from specfleet.sim.contention import Contention
 from specfleet.sim.truth import ProfileTruth
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -78,10 +82,11 @@ class SimulatedFleet:
 
     def __init__(self, model: ServiceModel, truth: ProfileTruth, prompt: int, startup_s: float,
                  gpus_per_replica: int, kv_tokens: int, rng: np.random.Generator, queue_policy: str = "fifo",
-                 output_sigma: float = 0.5):
+                 output_sigma: float = 0.5, contention: Contention | None = None):
         if queue_policy not in QUEUE_POLICIES:
             raise ValueError(f"unknown queue policy {queue_policy!r}; one of {', '.join(QUEUE_POLICIES)}")
         self.m, self.truth, self.prompt, self.startup_s = model, truth, prompt, startup_s
+        self.contention = contention       # slowdown by the clients in flight (None: the profile's own times)
         self.queue_policy, self.deadline = queue_policy, queue_policy == "deadline"
         self.kv_tokens, self.sigma = kv_tokens, output_sigma     # sigma: lognormal spread of output lengths
         self.gpus, self.rng = gpus_per_replica, rng
@@ -312,7 +317,10 @@ class SimulatedFleet:
 
     def _step_time(self, batch: np.ndarray, k: np.ndarray, prefilling: np.ndarray,
                    share: float | np.ndarray = 1.0, pending: np.ndarray | None = None) -> np.ndarray:
-        return self.truth.step(batch, k, prefilling, share, pending)
+        step = self.truth.step(batch, k, prefilling, share, pending)
+        if self.contention is None:
+            return step
+        return step * self.contention.factor(self.in_flight(), k > 0)
 
     def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, share, toks, first_at) -> None:
         pods = np.flatnonzero(batch > 0)

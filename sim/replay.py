@@ -7,7 +7,10 @@ length (`ReplayConfig.prompt_tokens`, else the service's `promptTokens`), exactl
 `max_tokens` out. The replica's step times come from the engine
 profile (`truth.ProfileTruth`); the acceptance of each phase's workload is the profile's measured n-gram
 acceptance for it, and so is its draft share (the share of decoding sequence-steps that draft: n-gram
-drafting finds a match only for some; 1.0 on a profile too old to have measured it). The controller is the operator's: one `control.coordinator.interval` per control interval (the
+drafting finds a match only for some; 1.0 on a profile too old to have measured it). With
+`ReplayConfig.contention`, every step is that much longer at the clients in flight (`contention.Contention`,
+measured by `benchmarks/contention.py`).
+The controller is the operator's: one `control.coordinator.interval` per control interval (the
 speculation controller with the replica count fixed at 1, as with `spec.replicas`) on windows built from the simulated engine's
 metrics, and the calibration refitted online (`cost.calibration.recalibrate_from`) from its step-time
 histograms. The plan and the controller's starting model are the operator's, as under `specfleet up`:
@@ -31,6 +34,7 @@ from specfleet.operator.catalogs import ProfileCatalog
 from specfleet.operator.control import autoscaler, coordinator, speculation
 from specfleet.operator.cost import recalibrate_from
 from specfleet.operator.control.window import Histogram, build_window, quantile
+from specfleet.sim.contention import Contention
 from specfleet.sim.fleet import ITL_BUCKETS, Record, SimulatedFleet
 from specfleet.sim.run import setup_spec
 from specfleet.sim.trace import Trace
@@ -50,6 +54,9 @@ class ReplayConfig:
     # Share of each workload's prompt tokens the engine's prefix cache serves (a workload's prompts that
     # repeat): only the rest is prefilled. None (or a workload not in it): none.
     prefix_hit: dict[str, float] | None = None
+    # Slowdown of the replica's steps by the clients in flight (engine and clients sharing the machine's
+    # cores, `benchmarks/contention.py`); None: the profile's own step times.
+    contention: Contention | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -116,7 +123,8 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
     prompts = {p.workload: _prefilled((cfg.prompt_tokens or {}).get(p.workload, spec.slo.prompt_tokens),
                                       (cfg.prefix_hit or {}).get(p.workload, 0.0)) for p in trace.phases}
     fleet = SimulatedFleet(model, truth, prompts[trace.phases[0].workload], 0.0, plan.gpus_per_replica,
-                           plan.kv_cache_blocks * plan.block_size, np.random.default_rng(cfg.seed), "deadline")
+                           plan.kv_cache_blocks * plan.block_size, np.random.default_rng(cfg.seed), "deadline",
+                           contention=cfg.contention)
     fleet.record = Record()
     # The engine starts as the plan renders it (its enabled flag and depth), as under `specfleet up`.
     state = speculation.SpeculationState(plan.speculation.enabled and cfg.mode != "off", max(1, plan.speculation.k))
@@ -142,7 +150,8 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
             next_control += cfg.interval_s
             ctl.interval(fleet, t, phase.name)
     m = ctl.model
-    return {"mode": cfg.mode, "seed": cfg.seed, "truth": truth.source,
+    extra = {} if cfg.contention is None else {"contention": cfg.contention.source or "given"}
+    return {**extra, "mode": cfg.mode, "seed": cfg.seed, "truth": truth.source,
             "truth_fit_error": {kind: round(f.rel_rms_error, 3) for kind, f in profile.fit.items()},
             "truth_notes": truth.notes,
             "prompt_tokens": prompts, "max_tokens": trace.max_tokens, "interval_s": cfg.interval_s,

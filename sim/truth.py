@@ -10,7 +10,9 @@ figures and labelled so in their `derived` field).
 Step kinds as the engine runs them: a decode step (k = 0) costs the profile's decode fit at `batch`
 tokens, a speculative step its verify fit at `batch x (1 + share x k)` tokens, where `share` is the share
 of the sequences that draft k tokens (n-gram drafting finds a match only for some; the others decode one
-token); a step that also prefills
+token). A step in which no sequence has a draft runs as a decode step, so a speculative step is, in
+expectation, a verify step carrying all the drafts with probability 1 - (1 - share)^batch and a decode
+step otherwise (the share stands for the chance that a sequence drafts at all); a step that also prefills
 costs at least the prefill fit of a full chunk (the token budget) at the service's mean context.
 A verify or prefill fit that misses its own points by more than `FIT_LIMIT` (relative RMS) is not
 used: that step is priced by the decode fit at the same number of tokens (one forward pass over them),
@@ -102,10 +104,12 @@ class ProfileTruth:
         a `share` of the sequences drafting k tokens (1 + share x k tokens computed per sequence).
         A prefilling pod's step computes its sequences' tokens plus the `pending` prompt tokens it holds,
         up to the token budget (None: a full budget), priced by the prefill fit over that many tokens."""
-        batch, k = np.asarray(batch, float), np.asarray(k, int)
-        running = batch * (1 + np.asarray(share, float) * k)
+        batch, k, share = np.asarray(batch, float), np.asarray(k, int), np.asarray(share, float)
+        running = batch * (1 + share * k)
         decode = self.profile.fit["decode"].seconds(batch, self.ctx, 1)
-        verify = self.fit("verify").seconds(batch, self.ctx, 1 + np.asarray(share, float) * k)
+        verifying = 1.0 - (1.0 - np.clip(share, 0.0, 1.0)) ** np.maximum(batch, 1.0)
+        q_verify = 1 + share * k / np.maximum(verifying, 1e-12)
+        verify = verifying * self.fit("verify").seconds(batch, self.ctx, q_verify) + (1 - verifying) * decode
         step = np.where(k > 0, verify, decode)
         tokens = self.chunk if pending is None else np.minimum(self.chunk, running + np.asarray(pending, float))
         mixed = self.fit("prefill").seconds(1, self.ctx, tokens)

@@ -38,7 +38,7 @@ class ProfileCatalog:
     entries: Mapping[tuple[str, str], ProfileEntry] = field(default_factory=dict)
 
     def lookup(self, model: ModelRef, accelerator: str) -> ProfileEntry | None:
-        for key in _names(model):
+        for key in model_names(model):
             if (key, accelerator) in self.entries:
                 return self.entries[(key, accelerator)]
         return None
@@ -47,7 +47,7 @@ class ProfileCatalog:
 NO_PROFILES = ProfileCatalog()
 
 
-def _names(model: ModelRef) -> list[str]:
+def model_names(model: ModelRef) -> list[str]:
     """The names a CR's model may be catalogued under: its name, its source, the source's last part."""
     source = normalize(model.source)
     bare = source.split(":", 1)[-1] if source.startswith("builtin:") else source

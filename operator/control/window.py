@@ -17,7 +17,7 @@ from typing import Iterable, Mapping
 
 # Engine metric names (docs/design.md; counters without their `_total` suffix).
 RUNNING, WAITING, KV_USAGE = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
-GENERATION_TOKENS = "vllm:generation_tokens"
+PROMPT_TOKENS, GENERATION_TOKENS = "vllm:prompt_tokens", "vllm:generation_tokens"
 DRAFTS, DRAFT_TOKENS = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"

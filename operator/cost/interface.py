@@ -12,8 +12,9 @@ from typing import Protocol
 class StepCost(Protocol):
     """Seconds of one engine step of a replica: `Roofline` (cost.roofline) or `ProfileCost` (cost.profile)."""
 
-    def step(self, batch: float, ctx: int, q: float = 1) -> float:
-        """`batch` sequences at context `ctx`, `q` tokens each (q = 1 decode, q = k + 1 verify)."""
+    def step(self, batch: float, ctx: int, q: float = 1, drafting: float | None = None) -> float:
+        """`batch` sequences at context `ctx`, `q` tokens each (q = 1 decode, q = k + 1 verify); `drafting`:
+        the share of the sequences that draft (None: every sequence, q tokens each)."""
 
     def mixed(self, batch: int, ctx: int, tokens: int) -> float:
         """`batch` decodes at `ctx` plus prefill, `tokens` in all (a chunked-prefill step)."""

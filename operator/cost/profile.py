@@ -32,18 +32,30 @@ class ProfileCost:
     num_points: int = 0
     refused: str = ""                    # fits left out for their error, and what prices those steps instead
     dtype: str = ""                      # what the engine ran while measured ("": not recorded)
+    model: str = ""                      # the model it was measured on, as `--model` named it ("": not recorded)
+    device: str = ""                     # "cpu" or the GPU's name as torch reports it ("": not recorded)
     decode_scale: float = 1.0            # online: observed / profile for plain (decode and mixed) steps
     verify_scale: float = 1.0            # online: the same for speculative steps
 
-    def step(self, batch: float, ctx: int, q: float = 1) -> float:
-        """q may be fractional (only some sequences draft). A step that verifies is never priced below
-        what the decode fit, at its scale, says a forward pass over the same tokens costs: the two fits'
-        online scales move apart, and speculation that looks cheap because one of them is stale is how
-        a controller flaps."""
-        plain = self.decode_scale * max(self.decode.seconds(batch, ctx, q), MIN_SECONDS)
+    def step(self, batch: float, ctx: int, q: float = 1, drafting: float | None = None) -> float:
+        """q may be fractional (only some sequences draft). `drafting`: the share of the sequences that
+        draft (None: all that verify, as the profile measured its verify points). A step in which none of
+        the `batch` sequences has a draft runs as a decode step, so a step is a verify step only with the
+        probability `verifying_share`, which then carries all the drafts; the verify fit's fixed cost is
+        paid by those steps alone. A step that verifies is never priced below what the decode fit, at its
+        scale, says a forward pass over the same tokens costs: the two fits' online scales move apart, and
+        speculation that looks cheap because one of them is stale is how a controller flaps."""
         if q <= 1:
-            return plain
-        return max(self.verified(batch, ctx, q), plain)
+            return self._plain(batch, ctx, 1)
+        verifying = 1.0 if drafting is None else verifying_share(drafting, batch)
+        if verifying <= 0:
+            return self._plain(batch, ctx, 1)
+        q_verify = 1 + (q - 1) / verifying
+        spec = max(self.verified(batch, ctx, q_verify), self._plain(batch, ctx, q_verify))
+        return verifying * spec + (1 - verifying) * self._plain(batch, ctx, 1) if verifying < 1 else spec
+
+    def _plain(self, batch: float, ctx: int, q: float) -> float:
+        return self.decode_scale * max(self.decode.seconds(batch, ctx, q), MIN_SECONDS)
 
     def verified(self, batch: float, ctx: int, q: float) -> float:
         """The verify fit alone at its scale (the decode fit's where there is none): what the verify scale
@@ -60,25 +72,55 @@ class ProfileCost:
         return self.step(batch, ctx, 1) + self.decode_scale * max(extra, 0.0)
 
 
+def verifying_share(drafting: float, batch: float) -> float:
+    """Share of steps in which at least one of `batch` sequences has a draft, when each drafts with
+    probability `drafting` independently of the others."""
+    return 1.0 - (1.0 - min(max(drafting, 0.0), 1.0)) ** max(batch, 1.0)
+
+
 def profile_cost(profile: Profile, name: str) -> ProfileCost:
     """The cost of a loaded profile; ValueError when it cannot price a decode step. A verify or prefill
-    fit whose own error exceeds MAX_FIT_ERROR (noisy points: a busy machine) is left out, and the
-    decode fit prices those steps by their tokens."""
+    fit whose own error exceeds MAX_FIT_ERROR (noisy points: a busy machine), or fitted on no more points
+    than it has parameters (it passes through them all, error 0, whatever the machine did), is left out,
+    and the decode fit prices those steps by their tokens."""
     if "decode" not in profile.fit:
         raise ValueError(f"profile {name!r} has no decode fit (kinds: {', '.join(sorted(profile.fit)) or 'none'})")
     decode = profile.fit["decode"]
+    thin = {kind: _too_few_points(kind, profile.fit) for kind in profile.fit}
+    if thin["decode"]:
+        raise ValueError(f"profile {name!r}: too few points for its decode fit: {thin['decode']}; a fit needs more "
+                         "points than parameters")
     if decode.rel_rms_error > MAX_FIT_ERROR:
         raise ValueError(f"profile {name!r}: its decode fit is off by {decode.rel_rms_error:.0%} (relative RMS) "
                          f"over its own points, above {MAX_FIT_ERROR:.0%}")
-    fits = {kind: f for kind, f in profile.fit.items() if f.rel_rms_error <= MAX_FIT_ERROR}
-    noisy = [f"{kind} ({f.rel_rms_error:.0%})" for kind, f in sorted(profile.fit.items()) if kind not in fits]
+    fits = {kind: f for kind, f in profile.fit.items() if f.rel_rms_error <= MAX_FIT_ERROR and not thin[kind]}
+    noisy = [f"{kind} ({f.rel_rms_error:.0%})" for kind, f in sorted(profile.fit.items())
+             if f.rel_rms_error > MAX_FIT_ERROR]
     points = sum(f.num_points for f in fits.values())
     error = math.sqrt(sum(f.rel_rms_error ** 2 * f.num_points for f in fits.values()) / max(points, 1))
-    refused = (f"fits with a relative RMS error above {MAX_FIT_ERROR:.0%} not used, their steps priced by the "
-               f"decode fit: {', '.join(noisy)}"
-               if noisy else "")
+    few = [note for _, note in sorted(thin.items()) if note]
+    notes = ([f"fits with a relative RMS error above {MAX_FIT_ERROR:.0%} not used, their steps priced by the "
+              f"decode fit: {', '.join(noisy)}"] if noisy else [])
+    notes += ([f"fits with no more points than parameters not used, their steps priced by the decode fit: "
+               f"{', '.join(few)}"] if few else [])
     return ProfileCost(name, decode, fits.get("verify"), fits.get("prefill"), fit_error=error, num_points=points,
-                       refused=refused, dtype=profile.dtype)
+                       refused="; ".join(notes), dtype=profile.dtype, model=profile.model, device=profile.device)
+
+
+def _too_few_points(kind: str, fits: dict[str, StepFit]) -> str:
+    """"" when the fit of `kind` had more points than parameters, else what it had. Decode and verify fitted
+    together (every coefficient shared but their fixed costs) count their points and parameters together."""
+    fit = fits[kind]
+    points, parameters = fit.num_points, fit.parameters
+    partner = fits.get({"decode": "verify", "verify": "decode"}.get(kind, ""))
+    if partner is not None and _fitted_together(fit, partner):
+        points, parameters = points + partner.num_points, parameters + 1
+    return "" if points > parameters else f"{kind} ({parameters} parameters fitted on {points} points)"
+
+
+def _fitted_together(one: StepFit, other: StepFit) -> bool:
+    return (one.s, one.b, one.c, one.sc, one.knee, one.b2) == (other.s, other.b, other.c, other.sc, other.knee,
+                                                               other.b2)
 
 
 def refine(cost: ProfileCost, steps: Sequence[ObservedStep], ctx: int, blend: float) -> ProfileCost:

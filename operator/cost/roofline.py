@@ -45,7 +45,9 @@ class Roofline:
     shape: Architecture
     cal: Calibration
 
-    def step(self, batch: float, ctx: int, q: float = 1) -> float:
+    def step(self, batch: float, ctx: int, q: float = 1, drafting: float | None = None) -> float:
+        """`drafting` changes nothing here: the roofline has no fixed cost of verification that a step
+        without drafts would save, only the tokens it computes."""
         return step_time(self.shape, self.cal, batch, ctx, q)
 
     def mixed(self, batch: int, ctx: int, tokens: int) -> float:

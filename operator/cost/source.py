@@ -18,6 +18,8 @@ class CostSource:
     samples: int = 0                     # observed steps behind an online refinement
     reason: str = ""                     # why the roofline is used, or which of the profile's fits are not
     scales: tuple[float, float] | None = None   # a refined profile's (decode, verify) scales
+    refused: bool = False                # the service's profile file was refused (unreadable, too few points,
+                                         # another model or machine): the reason says why, Degraded says so
 
     def as_status(self) -> dict:
         out = {"source": self.source, "profile": self.profile,
@@ -27,8 +29,9 @@ class CostSource:
         return {**out, "reason": self.reason} if self.reason else out
 
 
-def planned_source(cost: ProfileCost | None, reason: str = "") -> CostSource:
-    """The source of a freshly planned service: the profile's own fit error, or the roofline and why."""
+def planned_source(cost: ProfileCost | None, reason: str = "", refused: bool = False) -> CostSource:
+    """The source of a freshly planned service: the profile's own fit error, or the roofline and why
+    (`refused`: the service's profile file exists but cannot price it)."""
     if cost is None:
-        return CostSource(ROOFLINE, reason=reason or "no profile for this model and accelerator")
+        return CostSource(ROOFLINE, reason=reason or "no profile for this model and accelerator", refused=refused)
     return CostSource(PROFILE, cost.name, cost.fit_error, 0, cost.refused)

@@ -96,10 +96,12 @@ def draft_time_fn(draft: Architecture, cal: Calibration, ctx: int) -> DraftTime:
 def spec_step_time(cost: StepCost, batch: int, ctx: int, k: int, draft: DraftTime = no_draft_cost,
                    share: Share = 1.0) -> float:
     """Wall time of one speculative step: k draft tokens, then one verify pass. A `share` of the sequences
-    verify k drafts, the others decode: 1 + share x k tokens each on average (k = 0: a decode step)."""
+    verify k drafts, the others decode: 1 + share x k tokens each on average (k = 0: a decode step). The
+    share at depth 1 is the chance that a sequence drafts at all (a proposal of any length), which the
+    cost needs to know how many steps verify."""
     if k <= 0:
         return cost.step(batch, ctx, 1)
-    return cost.step(batch, ctx, 1 + share_at(share, k) * k) + k * draft(batch)
+    return cost.step(batch, ctx, 1 + share_at(share, k) * k, share_at(share, 1)) + k * draft(batch)
 
 
 def goodput(cost: StepCost, batch: int, ctx: int, alpha: float, k: int, draft: DraftTime = no_draft_cost,

@@ -96,17 +96,18 @@ def test_the_state_before_the_first_switch_is_read_from_it():
 class LinearCost:
     """T = 10 ms + 1 ms per token per sequence (batch-independent, so the price is easy to check)."""
 
-    def step(self, batch: float, ctx: int, q: float) -> float:
+    def step(self, batch: float, ctx: int, q: float, drafting: float | None = None) -> float:
         return 0.010 + 0.001 * q
 
 
 def test_each_steady_row_is_priced_from_what_speculation_did_in_it():
-    row = {"method": "ngram", "workload": "copy-heavy", "batch": 8, "context": 100, "seq_steps": 100,
-           "accepted": 50, "drafted": 100, "speedups": [1.20, 1.30, 1.40]}
+    row = {"method": "ngram", "workload": "copy-heavy", "batch": 8, "context": 100, "seq_steps": 100, "k": 1,
+           "accepted": 50, "drafted": 100, "mean_accepted_length": 1.5, "speedups": [1.20, 1.30, 1.40]}
     entry, = speculation.speedup_by_batch([row], {"linear": LinearCost()})
     # 1.5 tokens per sequence-step for verifying 2 tokens per sequence: 1.5 x 11 ms / 12 ms
     assert entry["predicted_linear"] == pytest.approx(1.5 * 0.011 / 0.012)
     assert entry["measured"] == 1.30 and entry["measured_range"] == [1.20, 1.40]
+    assert entry["drafting_share"] == 1.0                # 100 drafts (50 accepted at 0.5 each) in 100 seq-steps
     summary = speculation.by_batch_summary([entry], ["linear"])["linear/copy-heavy"]
     assert summary["in_range"] == 1.0
     assert summary["median_abs_error"] == pytest.approx(1.5 * 0.011 / 0.012 / 1.30 - 1)

@@ -150,7 +150,7 @@ def test_a_batch_heavy_phase_turns_speculation_off_on_every_pod(fleet):
     assert wait_for(lambda: all(e.admin_calls and e.admin_calls[-1][0]["enabled"] is True for e in engines))
     # At 0.67 per token (0.4 of 4 drafted tokens accepted) the shipped CPU profile prices speculation to stop
     # paying, past the dead band's edge, at a batch well below 400; at 0.86 (0.7 of 4) it pays at every batch
-    # (docs/control.md, "The shipped profile, re-measured"). Both stay above minAcceptanceRate at any depth
+    # (docs/control.md, "Calibration: profile, online, roofline"). Both stay above minAcceptanceRate at any depth
     # the loop picked in the light phase, so the batch is the reason.
     for e in engines:
         e.set(batch=400.0, alpha=0.67)

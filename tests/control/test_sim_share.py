@@ -56,6 +56,13 @@ def _per_step(fleet: F.SimulatedFleet) -> tuple[float, float]:
     return tokens / steps, float(fleet.step_s[0].sum() / fleet.step_n[0].sum())
 
 
+def expected_step(batch: int, share: float, k: int) -> float:
+    """The test profile's speculative step: a verify step (a = 0.16) when any of the `batch` sequences
+    drafts, else a decode step (a = 0.08); 0.004 s per token computed either way."""
+    verifying = 1 - (1 - share) ** batch
+    return verifying * 0.16 + (1 - verifying) * 0.08 + 0.004 * batch * (1 + share * k)
+
+
 def test_a_share_of_drafting_sequences_yields_fewer_tokens_per_step_at_a_cheaper_step():
     half, full = _fleet(), _fleet()
     _run(half, 0.5)
@@ -64,7 +71,7 @@ def test_a_share_of_drafting_sequences_yields_fewer_tokens_per_step_at_a_cheaper
     assert tokens_half == pytest.approx(cost.expected_tokens(ALPHA, K, 0.5), rel=1e-6)
     assert tokens_full == pytest.approx(cost.expected_tokens(ALPHA, K), rel=1e-6)
     assert tokens_half < tokens_full
-    assert step_half == pytest.approx(0.16 + 0.004 * 10 * (1 + 0.5 * K))      # verify fit at q = 1 + share x k
+    assert step_half == pytest.approx(expected_step(10, 0.5, K))     # 1 + share x k tokens per sequence
     assert step_half < step_full == pytest.approx(0.16 + 0.004 * 10 * (1 + K))
 
 
@@ -72,7 +79,8 @@ def test_the_step_is_priced_at_the_drafted_tokens_per_sequence():
     truth = T.ProfileTruth(profile(), ctx=300, chunk=64)
     steps = truth.step(np.array([4, 4, 4]), np.array([0, 4, 4]), np.array([False, False, False]),
                        np.array([0.5, 0.5, 0.25]))
-    assert steps.tolist() == pytest.approx([0.08 + 0.004 * 4, 0.16 + 0.004 * 12, 0.16 + 0.004 * 8])
+    assert steps.tolist() == pytest.approx([0.08 + 0.004 * 4, expected_step(4, 0.5, 4), expected_step(4, 0.25, 4)])
+    assert expected_step(4, 0.25, 4) < 0.16 + 0.004 * 8          # a step without drafts is a decode step
     assert truth.step(np.array([4]), np.array([4]), np.array([False]))[0] == pytest.approx(0.16 + 0.004 * 20)
 
 
@@ -113,7 +121,7 @@ def test_shares_by_depth_price_each_pod_at_its_own_depth_and_read_back_the_same_
     assert on.draft_shares == pytest.approx(SHARES)
     tokens, step = _per_step(fleet)
     assert tokens == pytest.approx(cost.expected_tokens(ALPHA, 2, 0.5), rel=1e-6)
-    assert step == pytest.approx(0.16 + 0.004 * 10 * (1 + 0.5 * 2))
+    assert step == pytest.approx(expected_step(10, 0.5, 2))
     fleet.set_speculation(False, 2)
     off = build_window(cur, fleet.scrape(_run(fleet, SHARES, t)), expected=1)
     assert off.draft_share is None

@@ -47,11 +47,11 @@ def test_fit_reports_its_relative_error_on_noisy_points():
 def test_fit_minimizes_the_relative_error_it_reports_so_small_steps_are_priced_as_well_as_large_ones():
     """A cost that bends (a roofline's memory-bound rows, then compute-bound) fitted by a straight line:
     plain least squares lets the 50x slower steps decide, and the cheapest step comes out further off."""
-    points = [StepPoint("decode", batch, 512, 1, max(0.01, 0.0005 * batch), 0.0, 1)
-              for batch in (1, 2, 4, 8, 16, 32, 512, 1024)]
+    points = [StepPoint("decode", batch, ctx, 1, max(0.01, 0.0005 * batch), 0.0, 1)
+              for batch in (1, 2, 4, 8, 16, 32, 512, 1024) for ctx in (512, 2048)]
     fit = fit_steps(points)
     tokens = np.array([p.batch for p in points], dtype=float)
-    design = np.column_stack([np.ones_like(tokens), tokens, tokens * 512])
+    design = np.column_stack([np.ones_like(tokens), tokens, tokens * np.array([p.context for p in points])])
     measured = np.array([p.median_s for p in points])
     plain, *_ = np.linalg.lstsq(design, measured, rcond=None)
     plain_error = float(np.sqrt(np.mean(((design @ plain - measured) / measured) ** 2)))
@@ -60,9 +60,38 @@ def test_fit_minimizes_the_relative_error_it_reports_so_small_steps_are_priced_a
     assert abs(fit.seconds(1, 512, 1) / cheapest.median_s - 1) < abs(design[0] @ plain / cheapest.median_s - 1) - 0.1
 
 
-def test_fit_needs_three_points():
-    with pytest.raises(ValueError, match="at least 3 points"):
-        fit_steps(synthetic("decode", 1)[:2])
+def test_a_fit_needs_more_points_than_parameters():
+    """Three points fit a, b, c exactly: an error of 0 whatever the machine did, priced as a perfect fit."""
+    with pytest.raises(ValueError, match="a decode fit has 3 parameters and needs at least 4 points, got 3"):
+        fit_steps(synthetic("decode", 1)[:3])
+    assert fit_steps(synthetic("decode", 1)[:4]).num_points == 4
+
+
+def test_points_that_cannot_tell_the_parameters_apart_are_refused_not_split_silently():
+    """One context: the cost per token and the cost per token per context token are the same column, and
+    least squares would split the time between them arbitrarily (every price at another context off)."""
+    points = [StepPoint("decode", b, 512, 1, A + B * b + C * b * 512, 0.0, 1) for b in (1, 2, 4, 8, 16)]
+    with pytest.raises(ValueError, match=r"do not tell the fit's 3 parameters \(a, b, c\) apart \(rank 2\)"):
+        fit_steps(points)
+
+
+def test_a_joint_fit_with_as_many_points_as_parameters_is_refused_with_the_counts():
+    points = [StepPoint("decode", b, c, 1, A + B * b + C * b * c, 0.0, 1) for b, c in ((1, 128), (4, 512), (8, 128))]
+    points += [StepPoint("verify", b, c, 3, A + 3 * B * b + 3 * C * b * c, 0.0, 1)
+               for b, c in ((1, 128), (4, 512), (8, 128))]
+    with pytest.raises(ValueError) as refused:
+        fit_profile(points)
+    assert str(refused.value) == (
+        "cannot fit the decode steps: 3 decode and 3 verify points; a decode fit alone has 3 parameters (a, b, c) "
+        "and needs at least 4 points, one with the verify steps has 6 and needs at least 3 of each kind and 7 in all")
+
+
+def test_a_kind_with_too_few_points_is_left_out_and_says_why():
+    points = synthetic("decode", 1) + synthetic("prefill", 64)[:3]
+    fits = fit_profile(points)
+    assert set(fits) == {"decode"}
+    assert profile_model.left_out(points, fits) == [
+        "prefill: not fitted, 3 points; a prefill fit has 3 parameters and needs at least 4"]
 
 
 def test_profile_round_trips_and_refuses_other_versions(tmp_path):
@@ -128,6 +157,16 @@ def test_cli_refuses_bad_flags_with_a_clear_error(tiny_llama, tmp_path, flags, m
                                       *flags])
     assert result.exit_code == 2
     assert message in result.output
+    assert not out.exists()
+
+
+def test_cli_refuses_a_grid_too_small_to_fit_and_writes_nothing(tiny_llama, tmp_path):
+    out = tmp_path / "profile.json"
+    args = ["engine", "profile", "--model", tiny_llama, "-o", str(out), *PROFILE_ARGS, "--max-batch", "1",
+            "--contexts", "16"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    assert "cannot fit the decode steps: 1 decode and 1 verify points" in result.output
     assert not out.exists()
 
 
@@ -206,6 +245,27 @@ def test_refit_fits_a_stored_profile_again_from_its_points_and_keeps_what_was_me
     refitted = profile_model.load(path)
     assert refitted.points == points and (refitted.engine_commit, refitted.created) == ("abc", "then")
     assert refitted.fit["decode"].a == pytest.approx(A, rel=1e-9)
+
+
+def test_refit_refuses_a_profile_with_too_few_points_and_says_how_many_a_fit_needs(tmp_path):
+    path = tmp_path / "p.json"
+    profile_model.save(profile_model.Profile("m", "cpu", "float32", {}, "abc", "then", synthetic("decode", 1)[:2],
+                                             {}), path)
+    before = path.read_text()
+    result = CliRunner().invoke(app, ["engine", "refit-profile", str(path)], env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    assert ("cannot fit the decode steps: 2 decode and 0 verify points; a decode fit alone has 3 parameters "
+            "(a, b, c) and needs at least 4 points") in result.output
+    assert path.read_text() == before
+
+
+def test_refit_says_which_kinds_it_left_out_for_too_few_points(tmp_path):
+    path = tmp_path / "p.json"
+    points = synthetic("decode", 1) + synthetic("prefill", 64)[:2]
+    profile_model.save(profile_model.Profile("m", "cpu", "float32", {}, "abc", "then", points, {}), path)
+    result = CliRunner().invoke(app, ["engine", "refit-profile", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "prefill: not fitted, 2 points; a prefill fit has 3 parameters and needs at least 4" in result.output
 
 
 def test_a_point_is_fitted_on_the_tokens_its_steps_computed():

@@ -12,6 +12,7 @@ from specfleet.operator import capacity, catalogs, planner
 from specfleet.operator import cost as c
 from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, read_catalog
 from specfleet.operator.cost import ObservedStep, fit_error, profile_cost, refine
+from specfleet.operator.cost import profile as cost_profile
 
 CPU = {"model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m", "dtype": "float32"}, "accelerator": {"type": "cpu", "count": 1},
        "runtime": {"engine": "specfleet"},
@@ -225,13 +226,13 @@ def test_a_draft_share_below_one_lowers_both_the_gain_and_the_cost_of_speculatin
     cost = cpu_cost()
     assert c.expected_tokens(0.8, 4, share=0.5) == pytest.approx(1 + 0.5 * (c.expected_tokens(0.8, 4) - 1))
     assert c.spec_step_time(cost, 8, 256, 4, share=0.5) < c.spec_step_time(cost, 8, 256, 4)
-    assert c.spec_step_time(cost, 8, 256, 4, share=0.5) == pytest.approx(cost.step(8, 256, 3.0))
+    assert c.spec_step_time(cost, 8, 256, 4, share=0.5) == pytest.approx(cost.step(8, 256, 3.0, 0.5))
     tokens = 1 + 0.5 * (c.expected_tokens(0.8, 4) - 1)
-    assert c.goodput(cost, 8, 256, 0.8, 4, share=0.5) == pytest.approx(8 * tokens / cost.step(8, 256, 3.0))
+    assert c.goodput(cost, 8, 256, 0.8, 4, share=0.5) == pytest.approx(8 * tokens / cost.step(8, 256, 3.0, 0.5))
     spec = make_spec(**CPU)
     plan = planner.plan(spec, gpus, models, cpu_catalog())
     model = capacity.service_model(spec, plan, gpus, models).with_draft_share(0.5)
-    assert model.step(8, 4) == pytest.approx(model.cost.step(8, model.ctx, 3.0))
+    assert model.step(8, 4) == pytest.approx(model.cost.step(8, model.ctx, 3.0, 0.5))
     assert model.prefill_room(8, 4) == model.chunk - 24
 
 
@@ -246,14 +247,33 @@ def test_a_share_per_token_off_is_fewer_steps_once_drafts_are_accepted():
     assert c.share_per_step(0.6, 0.0, 3) == pytest.approx(0.6) and c.share_per_step(0.6, 0.8, 0) == 0.6
 
 
+def test_a_step_without_drafts_is_a_decode_step_and_pays_no_verify_fixed_cost():
+    """The verify fit's fixed cost is paid by the steps that verify: with few drafting sequences most
+    steps have none and run as decode steps (the engine verifies only where a sequence has a draft)."""
+    cost = cpu_cost()
+    decode, verify = cost.step(8, 256), cost.step(8, 256, 5.0)
+    assert verify - cost.step(8, 256, 5.0, 1.0) == pytest.approx(0.0)       # everyone drafts: as measured
+    assert cost.step(8, 256, 1.0, 0.0) == pytest.approx(decode)
+    assert cost_profile.verifying_share(0.1, 8) == pytest.approx(1 - 0.9 ** 8)
+    assert cost_profile.verifying_share(0.5, 1) == pytest.approx(0.5)
+    # one sequence in 20 drafts 4 tokens: the expected step mixes verify steps (carrying all the drafts) and
+    # decode steps, and lies well below a verify step over the same mean tokens
+    p = cost_profile.verifying_share(0.05, 8)
+    q_verify = 1 + 0.05 * 4 / p
+    mixed = cost.step(8, 256, 1.2, 0.05)
+    verifying = max(cost.verified(8, 256, q_verify), cost.decode.seconds(8, 256, q_verify))
+    assert mixed == pytest.approx(p * verifying + (1 - p) * decode)
+    assert decode < mixed < cost.step(8, 256, 1.2)
+
+
 def test_shares_by_depth_price_each_depth_at_its_own_share(make_spec, gpus, models):
     cost, shares = cpu_cost(), (0.45, 0.33, 0.27, 0.23)
     assert [c.share_at(shares, k) for k in (1, 2, 4)] == [0.45, 0.33, 0.23]
     assert c.share_at(shares, 8) == pytest.approx(0.23 * 4 / 8)      # proposals stop at the deepest measured
     assert c.share_at(0.4, 3) == 0.4
-    for k in (1, 2, 4):
+    for k in (1, 2, 4):     # tokens at depth k's share; verifying steps from the share that drafts at all
         assert c.goodput(cost, 8, 256, 0.8, k, share=shares) == pytest.approx(
-            c.goodput(cost, 8, 256, 0.8, k, share=shares[k - 1]))
+            8 * c.expected_tokens(0.8, k, shares[k - 1]) / cost.step(8, 256, 1 + shares[k - 1] * k, shares[0]))
     spec = make_spec(**CPU)
     plan = planner.plan(spec, gpus, models, cpu_catalog())
     model = capacity.service_model(spec, plan, gpus, models).with_draft_share(shares)

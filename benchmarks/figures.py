@@ -252,6 +252,14 @@ def sim_within_by_phase(d: dict) -> str:
 # --- multi-LoRA -------------------------------------------------------------------------------------------
 
 LORA = "lora.json"
+LORA_CPU = "lora_cpu.json"
+
+
+def lora_cpu_op(d: dict) -> str:
+    """The LoRA op's time per decode step, torch against the C++ extension (median [min–max] ms)."""
+    torch_op, ext = d["rows"]
+    return (f"{torch_op['median_ms']:.1f} ms [{torch_op['min_ms']:.1f}–{torch_op['max_ms']:.1f}] to "
+            f"{ext['median_ms']:.1f} ms [{ext['min_ms']:.1f}–{ext['max_ms']:.1f}], {times(d['speedup'])}")
 LORA_METRICS = {"output_throughput": ("output tok/s", 1), "ttft_p50": ("TTFT p50 (ms)", 0),
                 "ttft_p99": ("TTFT p99 (ms)", 0), "tpot_p50": ("TPOT p50 (ms)", 0), "tpot_p99": ("TPOT p99 (ms)", 0)}
 
@@ -329,6 +337,8 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("control.provenance", CONTROL, provenance_line),
     Figure("lora.table", LORA, lora_table),
     Figure("lora.ratio", LORA, lambda d: f"{d['lora/base']['output_throughput']:.3f}×"),
+    Figure("lora.cpu_op", LORA_CPU, lora_cpu_op),
+    Figure("lora.cpu_op.provenance", LORA_CPU, provenance_line),
     Figure("lora.setup", LORA, lora_setup),
     Figure("lora.provenance", LORA, provenance_line),
     Figure("speculation_gpu.provenance", PUBLISHED, provenance_line),

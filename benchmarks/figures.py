@@ -260,6 +260,8 @@ def lora_cpu_op(d: dict) -> str:
     torch_op, ext = d["rows"]
     return (f"{torch_op['median_ms']:.1f} ms [{torch_op['min_ms']:.1f}–{torch_op['max_ms']:.1f}] to "
             f"{ext['median_ms']:.1f} ms [{ext['min_ms']:.1f}–{ext['max_ms']:.1f}], {times(d['speedup'])}")
+
+
 LORA_METRICS = {"output_throughput": ("output tok/s", 1), "ttft_p50": ("TTFT p50 (ms)", 0),
                 "ttft_p99": ("TTFT p99 (ms)", 0), "tpot_p50": ("TPOT p50 (ms)", 0), "tpot_p99": ("TPOT p99 (ms)", 0)}
 

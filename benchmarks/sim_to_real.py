@@ -37,7 +37,6 @@ from rich.table import Table
 from specfleet.engine import profile_model
 from specfleet.sim import contention as cont
 from specfleet.sim import replay
-from specfleet.sim.contention import Contention
 from specfleet.sim.trace import SIM_TO_REAL, Phase, Trace
 from specfleet.sim import truth
 from specfleet.sim.truth import find_profile
@@ -109,7 +108,7 @@ def real_scales(real: dict) -> tuple[float, float] | None:
 
 def simulate(profile_path: Path, modes: tuple[str, ...], seeds: tuple[int, ...], trace: Trace, interval: float,
              dwell: float, prompt_tokens: dict[str, int], prefix_hit: dict[str, float] | None = None,
-             scales: tuple[float, float] | None = None, contention: Contention | None = None) -> dict:
+             scales: tuple[float, float] | None = None, contention: cont.Contention | None = None) -> dict:
     """{mode: {"phases": {phase: {metric: median, metric_spread: max - min}}, "switches": [per seed]}}."""
     spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
     profile = profile_model.load(profile_path)
@@ -252,7 +251,7 @@ def main() -> None:
                    scales, slowdown)
     print_sim(console, sim)
     result = {**stamp("benchmarks/sim_to_real.py", sys.argv[1:]),
-              "profile": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+              "profile": _rel(path),
               "prompt_tokens": prompts, "prefix_hit": hits, "truth": args.truth, "truth_scales": scales,
               **({"contention": _rel(args.contention), "contention_basis": args.contention_basis,
                   "contention_factors": {"clients": slowdown.clients, "off": slowdown.off, "on": slowdown.on}}

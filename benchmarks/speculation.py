@@ -181,7 +181,8 @@ def measure_steady(llm, tasks, batch: int, k: int, max_tokens: int, c: float, re
             "acceptance_rate": alpha, "draft_share": share,
             "mean_accepted_length": 1 + totals["accepted"] / max(1, totals["drafts"]),
             "predicted_speedup": leviathan(alpha, k, c), "draft_cost_ratio": c, "speedups": speedups,
-            "drafted": totals["drafted"], "accepted": totals["accepted"], "generated": totals["generated"],
+            "drafted": totals["drafted"], "accepted": totals["accepted"], "drafts": totals["drafts"],
+            "generated": totals["generated"],
             "seq_steps": totals["seq_steps"],
             "context": statistics.fmean(len(llm.engine.encode(p)) for p in prompts) + max_tokens / 2}
 
@@ -275,9 +276,12 @@ def speedup_by_batch(rows: list[dict], costs: dict) -> list[dict]:
 
 
 def drafting_share(row: dict) -> float:
-    """Share of a steady row's decoding sequence-steps that verified a draft (drafts = accepted tokens over
-    the mean accepted length less one); without acceptances, drafted tokens per k sequence-steps."""
-    if row.get("mean_accepted_length", 1) > 1 and row.get("accepted"):
+    """Share of a steady row's decoding sequence-steps that verified a draft: its `drafts`; a row written
+    before it was recorded gives them as accepted tokens over the mean accepted length less one, and
+    without acceptances as drafted tokens per k sequence-steps."""
+    if "drafts" in row:
+        drafts = row["drafts"]
+    elif row.get("mean_accepted_length", 1) > 1 and row.get("accepted"):
         drafts = row["accepted"] / (row["mean_accepted_length"] - 1)
     else:
         drafts = row["drafted"] / max(1, row["k"])

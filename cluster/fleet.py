@@ -250,10 +250,16 @@ def cli_argv() -> list[str]:
     return [str(local)] if local.exists() else [sys.executable, "-m", "specfleet.cli.main"]
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str, taken: set[int]) -> int:
+    """A port free on `host` now and not in `taken`, which it joins. The kernel may offer again a port just
+    released, such as the gateway's `--port` that a caller probed free and the gateway has yet to bind."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
 
 
 def key_secret(config: FleetConfig) -> dict | None:
@@ -297,6 +303,7 @@ class Fleet:
         self.stop: asyncio.Event | None = None
         self.stopped_by: str | None = None
         self.stdout_open = True
+        self.ports_taken = {config.port}        # ours, bound or about to be: free_port never hands them out
 
     def say(self, message: str) -> None:
         if self.live or not self.stdout_open:
@@ -357,10 +364,10 @@ class Fleet:
                                                                    ADMIN_USER)     # the user's: the admin
             await self._register_crd()
             await self._apply_rbac(endpoint)
-            metrics_port = free_port(self.config.host)
+            metrics_port, liveness_port = (free_port(self.config.host, self.ports_taken) for _ in range(2))
             self.prometheus = await self._start_prometheus()
             local = manifest_commands.Local(host=self.config.host, gateway_port=self.config.port,
-                                            liveness_port=free_port(self.config.host), metrics_port=metrics_port,
+                                            liveness_port=liveness_port, metrics_port=metrics_port,
                                             api_keys=bool(gateway_keys(self.config).file_keys),
                                             prometheus_url=self.prometheus.url if self.prometheus else None)
             self.gateway = self._start("gateway", manifest_commands.gateway_command(local))
@@ -429,7 +436,8 @@ class Fleet:
             self.say("prometheus is not on PATH: the operator scrapes each engine pod itself "
                      "(apt-get install prometheus for the metrics plane)")
             return None
-        local = LocalPrometheus(self.state_dir / "prometheus", free_port(self.config.host), self.config.host)
+        local = LocalPrometheus(self.state_dir / "prometheus", free_port(self.config.host, self.ports_taken),
+                                self.config.host)
         try:
             await asyncio.to_thread(local.start, 30.0, die_with_parent())
         except RuntimeError as exc:

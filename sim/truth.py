@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from specfleet.engine import profile_model as prof
-from specfleet.operator.cost import Architecture, Calibration, StepSample, alpha_from_acceptance, fit_calibration
+from specfleet.operator.cost import (Architecture, Calibration, StepSample, alpha_from_acceptance, fit_calibration,
+                                     verifying_share)
 
 PROFILE_DIRS = (Path(resources.files("specfleet.operator.catalogs") / "profiles"),
                 Path(resources.files("specfleet.sim") / "profiles"))
@@ -107,7 +108,7 @@ class ProfileTruth:
         batch, k, share = np.asarray(batch, float), np.asarray(k, int), np.asarray(share, float)
         running = batch * (1 + share * k)
         decode = self.profile.fit["decode"].seconds(batch, self.ctx, 1)
-        verifying = 1.0 - (1.0 - np.clip(share, 0.0, 1.0)) ** np.maximum(batch, 1.0)
+        verifying = verifying_share(np.clip(share, 0.0, 1.0), np.maximum(batch, 1.0))
         q_verify = 1 + share * k / np.maximum(verifying, 1e-12)
         verify = verifying * self.fit("verify").seconds(batch, self.ctx, q_verify) + (1 - verifying) * decode
         step = np.where(k > 0, verify, decode)

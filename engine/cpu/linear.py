@@ -2,8 +2,8 @@
 
 MKL's sgemm (what `F.linear` runs on CPU) is slow on the tall, narrow LM head; oneDNN takes the weight
 in its blocked layout, packed once here (`benchmarks/kernels/cpu_backend.py` measures both). fp32 and bf16 weights
-are packed (bf16 runs oneDNN's AVX512-BF16 / AMX kernels where the CPU has them); anything else keeps
-`nn.Linear`. A decode step's few rows stream each weight once, and there oneDNN reaches about half of
+are packed (bf16 runs oneDNN's AVX512-BF16 / AMX kernels, so only on a CPU oneDNN has a bf16 path for:
+AVX-512 or AVX-NE-CONVERT); anything else keeps `nn.Linear`. A decode step's few rows stream each weight once, and there oneDNN reaches about half of
 what memory gives, so the extension keeps a second copy for them: output panels (`linear_panels.cpp`)
 on AVX-512 CPUs, the plain weight for `linear_small` elsewhere (commit `e6490e9`'s `benchmarks/linear_panels.py`
 measured the three). Up to how many rows that pays differs by CPU, kernel and shape, so `calibrate_small_rows`
@@ -27,11 +27,16 @@ log = logging.getLogger(__name__)
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 COLD_BYTES = 64 << 20        # more than a server CPU's L3: timed over this much weight, it comes from memory
 TIMING_REPEATS = 3
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def packed_dtypes() -> tuple[torch.dtype, ...]:
+    """fp32, and bf16 where oneDNN can reorder and multiply bf16 weights on this CPU (on an AVX2-only one
+    `_reorder_linear_weight` raises)."""
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
 def small_rows_limit(in_features: int) -> int:
@@ -73,14 +78,14 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module, kernel=None) -> int:
-    """Swap every fp32 or bf16 `nn.Linear` of `model` for a `PackedLinear` (see there for `kernel`); returns how
-    many were swapped."""
+    """Swap every `nn.Linear` of `model` whose dtype `packed_dtypes` lists for a `PackedLinear` (see there for
+    `kernel`); returns how many were swapped."""
     if not packing_available():
         return 0
-    swapped = 0
+    swapped, dtypes = 0, packed_dtypes()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype in PACKED_DTYPES and child.weight.device.type == "cpu":
+            if type(child) is nn.Linear and child.weight.dtype in dtypes and child.weight.device.type == "cpu":
                 setattr(parent, name, PackedLinear(child, kernel))
                 swapped += 1
     return swapped

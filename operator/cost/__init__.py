@@ -21,7 +21,7 @@ from specfleet.operator.cost.interface import StepCost
 from specfleet.operator.cost.memory import (GiB, kv_blocks, kv_bytes_per_token, kv_pool_bytes, lora_slot_bytes,
                                             weights_bytes)
 from specfleet.operator.cost.observed import ObservedStep, fit_error, predicted
-from specfleet.operator.cost.profile import ProfileCost, profile_cost, refine
+from specfleet.operator.cost.profile import ProfileCost, profile_cost, refine, verifying_share
 from specfleet.operator.cost.roofline import Calibration, Roofline, mixed_step_time, step_time
 from specfleet.operator.cost.shapes import Architecture, dtype_bytes
 from specfleet.operator.cost.sizing import max_num_seqs, prefill_time, token_budget
@@ -37,4 +37,4 @@ __all__ = ["Architecture", "Calibration", "CostSource", "DraftTime", "GiB", "Obs
            "kv_blocks", "kv_bytes_per_token", "kv_pool_bytes", "lora_slot_bytes", "max_batch_for_speculation", "max_num_seqs",
            "mixed_step_time", "no_draft_cost", "planned_source", "predicted", "prefill_time", "profile_cost",
            "recalibrate", "recalibrate_from", "refine", "share_at", "share_per_step", "share_per_token",
-           "spec_step_time", "step_time", "token_budget", "weights_bytes"]
+           "spec_step_time", "step_time", "token_budget", "verifying_share", "weights_bytes"]

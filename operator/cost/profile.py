@@ -47,7 +47,7 @@ class ProfileCost:
         speculation that looks cheap because one of them is stale is how a controller flaps."""
         if q <= 1:
             return self._plain(batch, ctx, 1)
-        verifying = 1.0 if drafting is None else verifying_share(drafting, batch)
+        verifying = 1.0 if drafting is None else verifying_share(min(max(drafting, 0.0), 1.0), max(batch, 1.0))
         if verifying <= 0:
             return self._plain(batch, ctx, 1)
         q_verify = 1 + (q - 1) / verifying
@@ -72,10 +72,11 @@ class ProfileCost:
         return self.step(batch, ctx, 1) + self.decode_scale * max(extra, 0.0)
 
 
-def verifying_share(drafting: float, batch: float) -> float:
+def verifying_share(drafting, batch):
     """Share of steps in which at least one of `batch` sequences has a draft, when each drafts with
-    probability `drafting` independently of the others."""
-    return 1.0 - (1.0 - min(max(drafting, 0.0), 1.0)) ** max(batch, 1.0)
+    probability `drafting` (0..1) independently of the others. Floats or numpy arrays alike (the
+    simulator's truth prices every pod's step with it)."""
+    return 1.0 - (1.0 - drafting) ** batch
 
 
 def profile_cost(profile: Profile, name: str) -> ProfileCost:

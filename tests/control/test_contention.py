@@ -5,24 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from specfleet.operator.catalogs import NO_PROFILES
 from specfleet.operator.control.window import StepStat
 from specfleet.sim import contention as C, fleet as F, replay, run
 from specfleet.sim.trace import Phase, Trace
 
-from tests.control.test_simulator_truth import profile     # a small SmolLM2-on-CPU-like profile
+from tests.control.sim_kit import CPU_SPEC, ROOT, profile
 
-ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import contention as bench  # noqa: E402  (benchmarks/contention.py)
 
-CPU_SPEC = yaml.safe_load((ROOT / "manifests/examples/smollm2-cpu.yaml").read_text())["spec"]
 TRACE = Trace(phases=(Phase("few", "copy-heavy", 30.0, 2, 2), Phase("many", "copy-heavy", 30.0, 12, 12)),
               max_tokens=48)
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from specfleet.engine import profile_model as P
 from specfleet.operator import cost
@@ -16,19 +14,7 @@ from specfleet.operator.catalogs import NO_PROFILES
 from specfleet.sim import fleet as F, replay, run, scenarios, truth as T
 from specfleet.sim.trace import Phase, Trace
 
-ROOT = Path(__file__).resolve().parents[2]
-CPU_SPEC = yaml.safe_load((ROOT / "manifests/examples/smollm2-cpu.yaml").read_text())["spec"]
-
-
-def profile(decode_a: float = 0.08, per_token: float = 0.004, verify_a: float = 0.16,
-            copy_rate: float = 0.55, open_rate: float = 0.3) -> P.Profile:
-    """A SmolLM2-on-CPU-like profile: decode T = a + b x tokens, verify dearer per step."""
-    fit = {"decode": P.StepFit(decode_a, per_token, 0.0, 0.0, 4),
-           "verify": P.StepFit(verify_a, per_token, 0.0, 0.0, 4),
-           "prefill": P.StepFit(0.05, 0.0025, 0.0, 0.0, 4)}
-    acceptance = [P.Acceptance("copy-heavy", 4, 1000, round(1000 * copy_rate)),
-                  P.Acceptance("open-ended", 4, 1000, round(1000 * open_rate))]
-    return P.Profile("smollm2-135m", "cpu", "float32", {}, "", "test", [], fit, acceptance)
+from tests.control.sim_kit import CPU_SPEC, profile
 
 
 def _decoded(prof: P.Profile, cal: cost.Calibration | None = None) -> float:

@@ -16,6 +16,10 @@ from specfleet.engine.cpu import attention as cpu_attention
 from specfleet.engine.cpu import linear as cpu_linear
 from specfleet.engine.cpu.linear import PackedLinear, calibrate_small_rows, pack_linears
 from specfleet.engine.cpu.row_limits import RowLimitStore
+
+BF16_PACKED = torch.bfloat16 in cpu_linear.packed_dtypes()
+needs_bf16_packing = pytest.mark.skipif(not BF16_PACKED, reason="oneDNN has no bf16 path on this CPU (AVX-512 or "
+                                        "AVX-NE-CONVERT): bf16 linears stay nn.Linear")
 from specfleet.engine.model.llama import TorchElementwise
 from testkit import build_step
 
@@ -173,6 +177,8 @@ def test_packed_linear_with_the_kernel_equals_nn_linear_at_any_row_count(rows, o
 @pytest.mark.parametrize("in_features,out_features", [(64, 8), (64, 100), (30, 50), (31, 48)])  # 31: half a bf16 pair
 @pytest.mark.parametrize("bias", [False, True])
 def test_output_panels_equal_nn_linear_for_every_row_count_up_to_two_passes(dtype, in_features, out_features, bias):
+    if dtype not in cpu_linear.packed_dtypes():
+        pytest.skip("oneDNN has no bf16 path on this CPU: bf16 linears are not packed")
     kernel = cpu_attention.load_kernel()
     linear = nn.Linear(in_features, out_features, bias=bias).to(dtype)
     packed = PackedLinear(linear, kernel)
@@ -275,16 +281,24 @@ def test_linear_small_falls_back_to_torch_for_shapes_it_does_not_take():
         torch.testing.assert_close(kernel.linear_small(x, weight, None), x @ weight.t())
 
 
-def test_pack_linears_packs_fp32_and_bf16_and_leaves_other_dtypes_alone():
+def test_pack_linears_packs_fp32_and_bf16_where_onednn_can_and_leaves_other_dtypes_alone():
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.bfloat16), nn.Linear(8, 8).to(torch.float16))
     kernel = cpu_attention.load_kernel()
-    assert pack_linears(model, kernel) == 2
-    assert isinstance(model[0], PackedLinear) and isinstance(model[1], PackedLinear) and type(model[2]) is nn.Linear
+    assert pack_linears(model, kernel) == 1 + BF16_PACKED
+    assert isinstance(model[0], PackedLinear) and type(model[2]) is nn.Linear
+    assert isinstance(model[1], PackedLinear) if BF16_PACKED else type(model[1]) is nn.Linear
+
+
+def test_without_a_onednn_bf16_path_bf16_is_not_packed(monkeypatch):
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.bfloat16))
+    assert pack_linears(model, cpu_attention.load_kernel()) == 1 and type(model[1]) is nn.Linear
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64])
 @pytest.mark.parametrize("few_rows", [False, True])     # oneDNN's bf16 GEMM, or linear_small over the bf16 weight
 @pytest.mark.parametrize("in_features", [96, 40])      # AVX512-BF16 dot products where the CPU has them; widened
+@needs_bf16_packing
 def test_packed_bf16_linear_equals_nn_linear_within_bf16_rounding(rows, few_rows, in_features):
     gen = torch.Generator().manual_seed(11)
     linear = nn.Linear(in_features, 44, bias=True).to(torch.bfloat16)     # 44 outputs: a last block of 4 rows
@@ -343,8 +357,8 @@ def test_fused_silu_saturates_like_the_reference_at_the_ends_of_the_float_range(
 
 
 def test_bf16_engine_picks_what_transformers_in_bf16_ranks_first_up_to_rounding(tiny_llama, mixed_prompts):
-    """The bf16 CPU path (packed bf16 linears, the fused steps rounding as the reference, attention over a
-    bf16 cache): each greedy token it picks is transformers' bf16 argmax, or within bf16 rounding of it, on
+    """The bf16 CPU path (bf16 linears, packed where oneDNN can, the fused steps rounding as the reference,
+    attention over a bf16 cache): each greedy token it picks is transformers' bf16 argmax, or within bf16 rounding of it, on
     the same prefix (teacher-forced). Exact token equality is not asserted: two bf16 GEMMs that sum in
     another order may break a near-tie either way."""
     from transformers import AutoModelForCausalLM
@@ -352,7 +366,10 @@ def test_bf16_engine_picks_what_transformers_in_bf16_ranks_first_up_to_rounding(
     prompts = mixed_prompts(4, seed=5)
     llm = LLM(tiny_llama, dtype="bfloat16", num_kv_blocks=64, skip_tokenizer_init=True)
     layer = llm.engine.runner.model.model.layers[0]
-    assert isinstance(layer.mlp.gate_up_proj, PackedLinear) and layer.mlp.gate_up_proj.packed.dtype == torch.bfloat16
+    if BF16_PACKED:
+        assert isinstance(layer.mlp.gate_up_proj, PackedLinear) and layer.mlp.gate_up_proj.packed.dtype == torch.bfloat16
+    else:
+        assert type(layer.mlp.gate_up_proj) is nn.Linear and layer.mlp.gate_up_proj.weight.dtype == torch.bfloat16
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16).eval()
     with torch.inference_mode():

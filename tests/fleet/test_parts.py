@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from specfleet.cluster import fleet
 from specfleet.cluster.gateway import AFFINITY_SLACK, Balancer, Endpoint, Route, prefix_key, routes_from
 from specfleet.cluster.gateway.queues import scrape
 from specfleet.cluster.node_agent import addresses, scheduling
@@ -86,6 +87,28 @@ def test_two_fleets_never_share_an_address_while_a_server_is_still_starting():
     assert theirs.allocate("b", [8000]) != ip
     ours.release("a")
     assert theirs.allocate("c", [8000]) == ip
+
+
+def test_the_fleet_never_hands_out_the_gateway_s_port_or_one_it_gave_before(monkeypatch):
+    offered = iter([9000, 9001, 9000, 9001, 9002])      # the kernel offers a just-released port again
+
+    class Socket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(fleet.socket, "socket", Socket)
+    taken = {9000}                                      # the user's --port, which the gateway binds later
+    assert [fleet.free_port("127.0.0.1", taken) for _ in range(2)] == [9001, 9002]
+    assert taken == {9000, 9001, 9002}
 
 
 def test_quantities_count_in_thousandths():

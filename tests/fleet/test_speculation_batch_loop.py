@@ -3,7 +3,7 @@ harness) on `specfleet up` with the real SmolLM2-135M and one fixed replica, spe
 
 As the clients rise the batch crosses the break-even the operator reports and speculation goes off for
 `BatchAboveThreshold`; as they fall it comes back on (`SpeculationPays`). Copy-heavy prompts keep the
-acceptance high, so no switch may be `LowAcceptance`. Control interval 2 s, dwell 4 s.
+acceptance high, so no decision may be `LowAcceptance`. Control interval 2 s, dwell 4 s.
 """
 from __future__ import annotations
 
@@ -62,8 +62,13 @@ def test_speculation_goes_off_when_the_batch_rises_and_on_when_it_falls(auto_run
     assert back_on and back_on[0]["t"] >= bounds["ramp-down"][0], switched
 
 
-def test_no_switch_is_for_low_acceptance_on_copy_heavy_prompts(auto_run):
-    assert auto_run["switches"] and not any(s["reason"] == "LowAcceptance" for s in auto_run["switches"])
+def test_the_loop_decides_and_no_decision_is_for_low_acceptance_on_copy_heavy_prompts(auto_run):
+    # The loop may rightly hold speculation on all run long (no switch at all): what it decided shows as the
+    # SpeculationActive reason it reported while the batch moved ("Planned" is the plan's, before the loop's first
+    # decision; "MetricsUnavailable" a hold for want of evidence).
+    decided = {why for *_, why in auto_run["batch_series"] if why not in (None, "Planned", "MetricsUnavailable")}
+    assert decided, auto_run["batch_series"]
+    assert "LowAcceptance" not in decided | {s["reason"] for s in auto_run["switches"]}, auto_run["switches"]
 
 
 def test_every_request_of_the_trace_is_answered(auto_run):

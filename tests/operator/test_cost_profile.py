@@ -11,8 +11,7 @@ from specfleet.engine.profile_model import StepFit, save
 from specfleet.operator import capacity, catalogs, planner
 from specfleet.operator import cost as c
 from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, read_catalog
-from specfleet.operator.cost import ObservedStep, fit_error, profile_cost, refine
-from specfleet.operator.cost import profile as cost_profile
+from specfleet.operator.cost import ObservedStep, fit_error, profile_cost, refine, verifying_share
 
 CPU = {"model": {"name": "smollm2-135m", "source": "builtin:smollm2-135m", "dtype": "float32"}, "accelerator": {"type": "cpu", "count": 1},
        "runtime": {"engine": "specfleet"},
@@ -254,11 +253,11 @@ def test_a_step_without_drafts_is_a_decode_step_and_pays_no_verify_fixed_cost():
     decode, verify = cost.step(8, 256), cost.step(8, 256, 5.0)
     assert verify - cost.step(8, 256, 5.0, 1.0) == pytest.approx(0.0)       # everyone drafts: as measured
     assert cost.step(8, 256, 1.0, 0.0) == pytest.approx(decode)
-    assert cost_profile.verifying_share(0.1, 8) == pytest.approx(1 - 0.9 ** 8)
-    assert cost_profile.verifying_share(0.5, 1) == pytest.approx(0.5)
+    assert verifying_share(0.1, 8) == pytest.approx(1 - 0.9 ** 8)
+    assert verifying_share(0.5, 1) == pytest.approx(0.5)
     # one sequence in 20 drafts 4 tokens: the expected step mixes verify steps (carrying all the drafts) and
     # decode steps, and lies well below a verify step over the same mean tokens
-    p = cost_profile.verifying_share(0.05, 8)
+    p = verifying_share(0.05, 8)
     q_verify = 1 + 0.05 * 4 / p
     mixed = cost.step(8, 256, 1.2, 0.05)
     verifying = max(cost.verified(8, 256, q_verify), cost.decode.seconds(8, 256, q_verify))

@@ -17,7 +17,7 @@ pytest.importorskip("specfleet.cluster.apiserver", reason="the API emulator (spe
                     "is not available")
 from specfleet.cluster.apiserver import running_apiserver  # noqa: E402
 
-from tests.operator.test_operator_e2e import NS, ROOT, Cluster, Operator, example, wait_for  # noqa: E402
+from tests.operator.operator_kit import NS, ROOT, Cluster, Operator, example, wait_for  # noqa: E402
 
 BURST = 8
 

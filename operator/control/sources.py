@@ -1,11 +1,14 @@
 """Where a control step's engine series come from: the pods themselves, or Prometheus.
 
 - `DirectSource`: GET `/metrics` of every pod of the service (the default, and the fallback).
-- `PrometheusSource`: one instant query for every engine series of the fleet, shared by all services'
-  steps while it is younger than `max_age_s`; each series carries its sample time (`timestamp()`), so a
-  pod whose samples are older than `stale_after_s`, that Prometheus does not have, or whose series hold
-  NaN is scraped directly instead, and Prometheus down means every pod is. Windows come out the same
-  from either source: the raw counters, gauges and histograms, stamped with the time they were sampled.
+- `PrometheusSource`: a fleet-wide snapshot of every engine series, shared by all services' steps while it
+  is younger than `max_age_s`. Each pod carries its sample time (`timestamp()`), so a pod whose samples
+  are older than `stale_after_s`, that Prometheus does not have, or whose series hold NaN is scraped
+  directly instead, and Prometheus down means every pod is. A refresh asks first for every pod's sample
+  time, then for the series of the pods sampled since the last snapshot only, and keeps the others'
+  scrapes (Prometheus scrapes pods at offsets spread over its interval, so each refresh finds some pods
+  newer and most not). Windows come out the same from either source: the raw counters, gauges and
+  histograms, stamped with the time they were sampled.
 
 `SourceReport` says which source served a step and why; the runner puts it in a `MetricsSource`
 condition and the operator's `specfleet_metrics_source` gauge.
@@ -30,14 +33,27 @@ log = logging.getLogger("specfleet.operator.control")
 
 ENGINE_SERIES = '{__name__=~"vllm:.*|specfleet:.*",inferenceservice!=""}'
 SAMPLE_TIME_LABEL = "specfleet_sample"
-# Every engine series, plus one series per pod holding the time its last scrape was sampled: the query
-# API stamps values with the evaluation time, which says nothing about how old the data is. Each series
-# comes with only the labels a `Scrape` keeps (`scrape_from_series` sums over the others, as the `sum`
-# does): the target labels Prometheus adds (job, instance, the service's...) made most of the answer,
-# and decoding it most of an idle operator's CPU.
+# The query API stamps values with the evaluation time, which says nothing about how old the data is: a
+# pod's sample time is the timestamp of one series every engine exports.
+SAMPLED = 'timestamp(vllm:num_requests_running{inferenceservice!=""})'
+SAMPLE_TIMES_QUERY = f"max by (namespace, pod) ({SAMPLED})"
+# Each series comes with only the labels a `Scrape` keeps (`scrape_from_series` sums over the others, as
+# the `sum` does): the target labels Prometheus adds (job, instance, the service's...) made most of the
+# answer, and decoding it most of an idle operator's CPU.
 _BY = ", ".join(("__name__", "namespace", "pod", *SERIES_LABELS))
-FLEET_QUERY = (f'sum by ({_BY}) ({ENGINE_SERIES}) or label_replace(max by (namespace, pod) '
-               f'(timestamp(vllm:num_requests_running{{inferenceservice!=""}})), "{SAMPLE_TIME_LABEL}", "time", "", "")')
+SINCE_SLACK_S = 0.001                   # sample times are whole milliseconds: `since` a hair early is exact
+
+
+def series_query(since: float | None = None) -> str:
+    """Every engine series and, as one more series per pod, its sample time; only of the pods sampled at or
+    after `since` (wall-clock seconds) when given."""
+    newer = "" if since is None else f" >= {since!r}"
+    recent = "" if since is None else f" and on (namespace, pod) ({SAMPLED}{newer})"
+    return (f'sum by ({_BY}) ({ENGINE_SERIES}{recent}) or label_replace(max by (namespace, pod) '
+            f'({SAMPLED}{newer}), "{SAMPLE_TIME_LABEL}", "time", "", "")')
+
+
+FLEET_QUERY = series_query()
 DEFAULT_STALE_AFTER_S = 60.0            # four missed scrapes at the PodMonitor's 15 s
 
 
@@ -100,49 +116,62 @@ class PrometheusSource:
         return {**fresh, **direct}, self._report(snap, missing, len(endpoints))
 
     async def fleet(self) -> Snapshot:
-        """The shared snapshot, queried again once older than `max_age_s` (one query at a time)."""
+        """The shared snapshot, refreshed once older than `max_age_s` (one refresh at a time)."""
         async with self.lock:
             if self.snapshot is None or self.clock() - self.snapshot.taken >= self.max_age_s:
-                self.snapshot = await self._query()
-                self.queries += 1
-                telemetry.PROMETHEUS_QUERIES.labels("error" if self.snapshot.error else "ok").inc()
+                self.snapshot = await self._refresh()
+                if self.snapshot.error:
+                    telemetry.PROMETHEUS_QUERIES.labels("error").inc()
                 self._log_transition(self.snapshot.error)
             return self.snapshot
 
-    async def _query(self) -> Snapshot:
+    async def _refresh(self) -> Snapshot:
+        """Every pod's sample time, then the series of those sampled since the last good snapshot (of every
+        pod when there is none)."""
         taken = self.clock()
+        before = self.snapshot if self.snapshot is not None and self.snapshot.error is None else None
         try:
             client = self.http or httpx.AsyncClient(timeout=self.timeout)
             try:
-                response = await client.get(f"{self.url}/api/v1/query", params={"query": FLEET_QUERY},
-                                            timeout=self.timeout)
+                times, since = None, None
+                if before is not None:
+                    times = _sample_times(await self._query(client, SAMPLE_TIMES_QUERY))
+                    newer = [t for key, t in times.items() if before.sampled.get(key) != t]
+                    if not newer:
+                        return self._parse(taken, [], times)
+                    since = min(newer) - SINCE_SLACK_S
+                result = await self._query(client, series_query(since))
             finally:
                 if self.http is None:
                     await client.aclose()
-            response.raise_for_status()
-            body = response.json()
-            if body.get("status") != "success":
-                raise ValueError(f"query failed: {body.get('error', body)}")
-            result = body["data"]["result"]
         except (httpx.HTTPError, httpx.InvalidURL, KeyError, ValueError, TypeError) as exc:
             return Snapshot(taken, {}, {}, frozenset(), error=f"{type(exc).__name__}: {str(exc)[:200]}")
-        return self._parse(taken, result)
+        return self._parse(taken, result, times)
 
-    def _parse(self, taken: float, result: list[dict]) -> Snapshot:
-        """Series grouped by pod; a pod with any NaN or infinite sample is dropped whole. A pod whose sample
-        time is the one the previous snapshot had keeps that snapshot's `Scrape` (the same sample: the same
-        values, and the same time, which a step reads as no new sample)."""
-        sampled = {key: float(item["value"][1]) for item in result
-                   if (key := _pod_of(item.get("metric") or {})) is not None
-                   and item["metric"].get(SAMPLE_TIME_LABEL) == "time"}
+    async def _query(self, client: httpx.AsyncClient, query: str) -> list[dict]:
+        response = await client.get(f"{self.url}/api/v1/query", params={"query": query}, timeout=self.timeout)
+        response.raise_for_status()
+        body = response.json()
+        if body.get("status") != "success":
+            raise ValueError(f"query failed: {body.get('error', body)}")
+        self.queries += 1
+        telemetry.PROMETHEUS_QUERIES.labels("ok").inc()
+        return body["data"]["result"]
+
+    def _parse(self, taken: float, result: list[dict], times: dict[tuple[str, str], float] | None = None) -> Snapshot:
+        """Series grouped by pod; a pod with any NaN or infinite sample is dropped whole. `times`: every pod's
+        sample time, where `result` holds only the pods sampled since the last snapshot. A pod whose sample
+        time is the one the previous snapshot had keeps that snapshot's `Scrape`, or its NaN (the same
+        sample: the same values, and the same time, which a step reads as no new sample)."""
+        sampled = {**(times or {}), **_sample_times(result)}
         before = self.snapshot if self.snapshot is not None and self.snapshot.error is None else None
-        kept = {key: before.scrapes[key] for key, t in sampled.items()
-                if before is not None and key in before.scrapes and before.sampled.get(key) == t}
+        same = {key for key, t in sampled.items() if before is not None and before.sampled.get(key) == t}
+        kept = {key: before.scrapes[key] for key in same if key in before.scrapes}
+        nan = {key for key in same if key in before.dropped_nan} if before is not None else set()
         series: dict[tuple[str, str], list[tuple[str, dict, float]]] = {}
-        nan: set[tuple[str, str]] = set()
         for item in result:
             key = _pod_of(item.get("metric") or {})
-            if key is None or key in kept or item["metric"].get(SAMPLE_TIME_LABEL) == "time":
+            if key is None or key in same or "__name__" not in item["metric"]:
                 continue
             value = float(item["value"][1])
             if not math.isfinite(value):
@@ -183,6 +212,13 @@ class PrometheusSource:
                 log.warning("metrics source: Prometheus at %s failed (%s); falling back to direct scrapes",
                             self.url, error)
         self.last_error = error
+
+
+def _sample_times(result: list[dict]) -> dict[tuple[str, str], float]:
+    """{(namespace, pod): wall-clock sample time} of a query's per-pod sample-time series: those without a
+    metric name (`max by` and `label_replace` drop it; every engine series keeps its own)."""
+    return {key: float(item["value"][1]) for item in result
+            if (key := _pod_of(item.get("metric") or {})) is not None and "__name__" not in item["metric"]}
 
 
 def _pod_of(metric: dict) -> tuple[str, str] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from specfleet.operator.control import scheduler
+from specfleet.operator.control import loop, scheduler
 from specfleet.operator.control.discovery import EngineView
 
 from tests.control.scheduler_kit import FakeControl, run_for, serving_pod
@@ -60,3 +60,31 @@ def test_the_view_follows_pods_and_replicas():
     assert view.replicas("ns", "chat") == (2, 1)
     view.replicas_changed("ns", "chat", None)
     assert view.replicas("ns", "chat") is None
+
+
+def test_turns_due_close_together_share_one_wake_up_and_intervals_do_not_drift(monkeypatch):
+    view, wakeups = EngineView(), []
+    real_wait_for = asyncio.wait_for
+
+    async def counted_wait_for(awaitable, timeout):
+        wakeups.append(timeout)
+        return await real_wait_for(awaitable, timeout)
+
+    async def publish(body, outcome):
+        pass
+
+    async def main():
+        monkeypatch.setattr(scheduler.asyncio, "wait_for", counted_wait_for)
+        sched = scheduler.ControlScheduler(view, publish)
+        controls = [FakeControl(f"s{i}") for i in range(200)]
+        for c in controls:
+            c.config = loop.LoopConfig(interval_s=1.0, detect_interval_s=0.5)
+            view.pod_changed(serving_pod(c.name))
+            sched.track(("ns", c.name), c, lambda c=c: {"metadata": {"name": c.name}})
+        await run_for(2.2, sched)
+        return sched, controls
+    sched, controls = asyncio.run(main())
+    turns = sum(len(c.steps) for c in controls)
+    assert sched.wake_slack_s == scheduler.WAKE_SLACK_S
+    assert turns >= 400 and len(wakeups) < turns / 4, (turns, len(wakeups))
+    assert all(c.steps.count("interval") == 2 for c in controls)      # first in [0.5, 1.0] s, then 1 s apart

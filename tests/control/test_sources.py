@@ -11,7 +11,8 @@ from urllib.parse import urlparse
 import pytest
 
 from prometheus_kit import running_prometheus
-from specfleet.operator.control.sources import DirectSource, PrometheusSource, SAMPLE_TIME_LABEL
+from specfleet.operator.control.sources import (FLEET_QUERY, SAMPLE_TIME_LABEL, SAMPLE_TIMES_QUERY, SINCE_SLACK_S,
+                                                DirectSource, PrometheusSource, series_query)
 from specfleet.operator.control.window import build_window
 from testkit import free_port
 
@@ -149,3 +150,44 @@ def test_a_pod_sampled_no_later_keeps_its_scrape_so_a_step_sees_no_new_sample():
     assert second.scrapes[(NS, "b")].counters == {"vllm:generation_tokens": 9.0}
     third = source._parse(10.0, vector("a", 9_990.0, "NaN"))        # the same sample time: kept as it was
     assert third.scrapes == {(NS, "a"): first.scrapes[(NS, "a")]}
+
+
+async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot():
+    """Prometheus scrapes pods at offsets spread over its interval: a refresh asks every pod's sample time,
+    then the series of the newer pods alone, and keeps the rest; with none newer, it asks nothing more."""
+    import httpx
+
+    def times(**sampled: float) -> list[dict]:
+        return [{"metric": {"namespace": NS, "pod": pod}, "value": [0, str(t)]} for pod, t in sampled.items()]
+
+    answers = iter([vector("a", 9_990.0) + vector("b", 9_990.0),            # the first snapshot: every pod
+                    times(a=9_990.0, b=9_995.0), vector("b", 9_995.0, "9"),  # b newer: its series alone
+                    times(a=9_990.0, b=9_995.0)])                          # nothing newer: nothing more
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.params["query"])
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector",
+                                                                       "result": next(answers)}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        source = PrometheusSource("http://prometheus", http, max_age_s=0.0, wall=lambda: 10_000.0)
+        first = await source.fleet()
+        second = await source.fleet()
+        third = await source.fleet()
+    assert asked[0] == FLEET_QUERY and asked[1] == SAMPLE_TIMES_QUERY and asked[3] == SAMPLE_TIMES_QUERY
+    assert asked[2] == series_query(9_995.0 - SINCE_SLACK_S) and ">= 9994.999" in asked[2]
+    assert source.queries == 4
+    assert second.scrapes[(NS, "a")] is first.scrapes[(NS, "a")]
+    assert second.scrapes[(NS, "b")].counters == {"vllm:generation_tokens": 9.0}
+    assert third.scrapes == second.scrapes and third.sampled == second.sampled
+
+
+def test_a_pod_whose_samples_were_nan_stays_dropped_until_it_is_sampled_again():
+    source = PrometheusSource("http://unused", clock=lambda: 0.0, wall=lambda: 10_000.0)
+    source.snapshot = source._parse(0.0, vector("a", 9_990.0, "NaN") + vector("b", 9_990.0))
+    same = source._parse(5.0, [], {(NS, "a"): 9_990.0, (NS, "b"): 9_990.0})
+    assert (NS, "a") in same.dropped_nan and set(same.scrapes) == {(NS, "b")}
+    source.snapshot = same
+    again = source._parse(10.0, vector("a", 9_995.0), {(NS, "a"): 9_995.0, (NS, "b"): 9_990.0})
+    assert not again.dropped_nan and set(again.scrapes) == {(NS, "a"), (NS, "b")}

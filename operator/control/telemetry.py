@@ -37,8 +37,9 @@ OBJECTIVE = Gauge("specfleet_slo_objective", "Declared share of requests that mu
 METRICS_SOURCE = Gauge("specfleet_metrics_source", "1 for the source (prometheus | direct) the service's last "
                        "control step read its engine series from, 0 for the other.", _SERVICE + ["source"],
                        registry=REGISTRY)
-PROMETHEUS_QUERIES = Counter("specfleet_prometheus_queries", "Fleet-wide PromQL queries made by the control loop, "
-                             "by outcome (ok | error).", ["outcome"], registry=REGISTRY)
+PROMETHEUS_QUERIES = Counter("specfleet_prometheus_queries", "PromQL queries made by the control loop for its fleet "
+                             "snapshot (every pod's sample time, then the newer pods' series), by outcome (ok; error: "
+                             "a failed refresh).", ["outcome"], registry=REGISTRY)
 LEADER = Gauge("specfleet_operator_leader", "1 while this operator replica holds the leader Lease (and acts), "
                "0 while it follows.", registry=REGISTRY)
 

@@ -31,6 +31,7 @@ MERGE = "application/merge-patch+json"
 EVENT_SOURCE = "specfleet-operator"
 DEFAULT_TIMEOUT_S = 30.0
 FORBIDDEN_RETRY_S = 60.0
+UNREAD = object()               # `Kube.apply`: the caller has not read the live object
 HANDLER_WORKERS = 16            # kopf's `settings.execution.max_workers` (handlers.configure)
 
 
@@ -135,31 +136,37 @@ class Kube:
             raise
         return json.loads(response.data)
 
-    def apply(self, manifest: dict) -> str:
-        """Create, or merge-patch when drifted; returns "created" | "updated" | "unchanged"."""
+    def apply(self, manifest: dict, live: dict | None | object = UNREAD) -> str:
+        """Create, or merge-patch when drifted; returns "created" | "updated" | "unchanged".
+
+        `live` is the object as the caller last read it, which saves reading it again; `None` says the caller
+        believes it absent, so it is created at once (a 409 means it exists after all: read it and compare)."""
         kind, meta = manifest["kind"], manifest["metadata"]
-        live = self.get(kind, meta["namespace"], meta["name"])
+        if live is UNREAD:
+            live = self.get(kind, meta["namespace"], meta["name"])
         if live is None:
-            try:
-                _release(self.verbs[kind].create(meta["namespace"], manifest, _preload_content=False))
+            if self._create(manifest):
                 return "created"
-            except self.client.ApiException as exc:
-                if exc.status != 409:
-                    raise
-                live = self.get(kind, meta["namespace"], meta["name"]) or {}
+            live = self.get(kind, meta["namespace"], meta["name"]) or {}
         if is_subset(manifest, live):
             return "unchanged"
         _release(self.verbs[kind].patch(meta["name"], meta["namespace"], manifest, _content_type=MERGE,
                                         _preload_content=False))
         return "updated"
 
-    def create_if_missing(self, manifest: dict) -> bool:
-        """Create an object unless one of that name exists (never overwrites); True when created."""
+    def create_if_missing(self, manifest: dict, believed_absent: bool = False) -> bool:
+        """Create an object unless one of that name exists (never overwrites); True when created. Unless the
+        caller believes it absent, it is read first, so a steady-state reconcile sends no doomed create."""
         meta = manifest["metadata"]
-        if self.get(manifest["kind"], meta["namespace"], meta["name"]) is not None:
+        if not believed_absent and self.get(manifest["kind"], meta["namespace"], meta["name"]) is not None:
             return False
+        return self._create(manifest)
+
+    def _create(self, manifest: dict) -> bool:
+        """Create `manifest`; False when an object of that name already exists (409)."""
         try:
-            _release(self.verbs[manifest["kind"]].create(meta["namespace"], manifest, _preload_content=False))
+            _release(self.verbs[manifest["kind"]].create(manifest["metadata"]["namespace"], manifest,
+                                                         _preload_content=False))
         except self.client.ApiException as exc:
             if exc.status != 409:
                 raise

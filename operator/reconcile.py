@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from specfleet.operator import adapters, api, catalogs, model_folder, plan_only, planner, render, status
 from specfleet.operator.control import loop
-from specfleet.operator.kube import Kube
+from specfleet.operator.kube import UNREAD, Kube
 
 
 @dataclass
@@ -50,13 +50,14 @@ def reconcile(body: dict, k: Kube, now: str) -> ReconcileOutcome:
     replicas = _replicas(spec, result, live)
     if spec.plan_only:
         return _plan_only(body, k, spec, result, replicas, live, now)
-    applied = _apply(k, body, spec, result, replicas)
+    applied = _apply(k, body, spec, result, replicas, live)
     problems = adapters.problems(adapters.desired(spec), old.get("adapters") or [])
     patch = status.planned(result, generation, selector, previous, now, problems)
     patch["desiredReplicas"] = replicas
     if old.get("plannedActions") is not None:
         patch["plannedActions"] = None          # merge patch: Serving does what it planned; drop the list
-    deployment = k.get("Deployment", namespace, name) if applied["Deployment"] != "unchanged" else live
+    verb = applied["Deployment"]            # a Deployment just created has no status yet: no need to read it
+    deployment = live if verb == "unchanged" else None if verb == "created" else k.get("Deployment", namespace, name)
     patch.update(_rollout(deployment, replicas, patch["conditions"], now, generation))
     return ReconcileOutcome(patch, _events(old, patch, result, applied))
 
@@ -90,18 +91,21 @@ def _replicas(spec: api.InferenceServiceSpec, plan: planner.Plan, live: dict | N
     return min(max(current, auto.min_replicas), auto.max_replicas)
 
 
-def _apply(k: Kube, body: dict, spec: api.InferenceServiceSpec, plan: planner.Plan, replicas: int) -> dict:
-    meta = body["metadata"]
-    desired = _desired(body, spec, plan, replicas, k.get("Deployment", meta["namespace"], meta["name"]),
-                       token=secrets.token_urlsafe(32))
+def _apply(k: Kube, body: dict, spec: api.InferenceServiceSpec, plan: planner.Plan, replicas: int,
+           live: dict | None) -> dict:
+    """Create or correct every owned object; returns each kind's verb. `live` is the Deployment as read:
+    without one the service is new, so each object is created at once rather than read first (a 409 still
+    reads and compares), which halves a new service's round trips."""
     applied = {}
-    for manifest in desired:
-        if manifest["kind"] == "Secret":
-            k.create_if_missing(manifest)           # the token is made once, never rewritten
-        elif manifest["kind"] == "NetworkPolicy":
-            k.apply(manifest)
+    for manifest in _desired(body, spec, plan, replicas, live, token=secrets.token_urlsafe(32)):
+        kind = manifest["kind"]
+        known = live if kind == "Deployment" or live is None else UNREAD
+        if kind == "Secret":
+            k.create_if_missing(manifest, believed_absent=known is None)    # the token is made once, never rewritten
+        elif kind == "NetworkPolicy":
+            k.apply(manifest, known)
         else:
-            applied[manifest["kind"]] = k.apply(manifest)
+            applied[kind] = k.apply(manifest, known)
     return applied
 
 

@@ -133,13 +133,13 @@ class FakeKube:
     def get(self, kind, namespace, name):
         return self.objects.get((kind, namespace, name))
 
-    def apply(self, manifest):
+    def apply(self, manifest, live=None):      # `live`: Kube's hint that saves a read; a dict needs none
         key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
         verb = "updated" if key in self.objects else "created"
         self.objects[key] = manifest
         return verb
 
-    def create_if_missing(self, manifest):
+    def create_if_missing(self, manifest, believed_absent=False):
         return self.apply(manifest) == "created"
 
 

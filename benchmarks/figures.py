@@ -117,6 +117,7 @@ def speculation_table(d: dict) -> str:
 
 
 SPECULATION_K1 = "speculation_steady_k1.json"
+SPECULATION_K1_NGRAM1 = "speculation_steady_k1_ngram1.json"   # one-token n-gram matches
 
 
 def _spread(values: list) -> str:
@@ -319,6 +320,9 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("speculation_k1.break_even", SPECULATION_K1, break_even_table),
     Figure("speculation_k1.priced", SPECULATION_K1, priced_by_batch_table),
     Figure("speculation_k1.repriced", SPECULATION_K1, repriced_line),
+    Figure("speculation_k1_ngram1.break_even", SPECULATION_K1_NGRAM1, break_even_table),
+    Figure("speculation_k1_ngram1.priced", SPECULATION_K1_NGRAM1, priced_by_batch_table),
+    Figure("speculation_k1_ngram1.provenance", SPECULATION_K1_NGRAM1, provenance_line),
     Figure("operator.scale_5000", SCALE_5000, scale_table),
     Figure("operator.scale_5000.provenance", SCALE_5000, provenance_line),
     Figure("operator.failover", FAILOVER, failover_table),

@@ -130,15 +130,50 @@ class SteadyBatch:
                                 params or self.params)
         self.next += 1
 
-    def run(self, steps: int) -> None:
+    def run(self, steps: int, clock: "DecodeClock | None" = None) -> None:
         for _ in range(steps):
+            generated = self.engine.stats.generation_tokens
             for out in self.engine.step():
                 if out.finished:
                     self._add()
+            if clock is not None:
+                clock.count(self.engine.stats.generation_tokens - generated)
 
     def close(self) -> None:
         for request_id in list(self.engine.requests):
             self.engine.abort(request_id)
+
+
+class DecodeClock:
+    """Tokens and seconds of the steps that computed no prompt token (decode or verify steps alone), from the
+    engine's step records: what a step cost prices. At a small batch a replaced request's prefill takes a
+    step of its own, several decode steps long, and how many of them fall in a short window scatters the
+    window's tokens/s far more than speculation moves it."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.tokens, self.seconds, self.last = engine, 0, 0.0, None
+        self.steps = self.timed = 0
+
+    def __enter__(self) -> "DecodeClock":
+        self.engine.step_listeners.append(self._record)
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.engine.step_listeners.remove(self._record)
+
+    def _record(self, record) -> None:
+        self.last = record
+
+    def count(self, generated: int) -> None:
+        self.steps += 1
+        if self.last is not None and self.last.num_prefill_tokens == 0:
+            self.tokens, self.seconds = self.tokens + generated, self.seconds + self.last.duration_s
+            self.timed += 1
+        self.last = None
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
 
 
 def measure_steady(llm, tasks, batch: int, k: int, max_tokens: int, c: float, repeats: int, steps: int) -> dict:
@@ -149,21 +184,25 @@ def measure_steady(llm, tasks, batch: int, k: int, max_tokens: int, c: float, re
     prompts = [chat(llm.tokenizer, tasks[i % len(tasks)]) for i in range(max(batch, len(tasks)))]
     steady = SteadyBatch(llm, prompts, batch, max_tokens)
     stats = llm.engine.stats
-    speedups, rates = [], {"off": [], "on": []}
+    speedups, decode_speedups, rates = [], [], {"off": [], "on": []}
+    decode_steps = {"off": [], "on": []}          # share of each window's steps without prompt tokens
     totals = dict.fromkeys(("drafted", "accepted", "drafts", "seq_steps", "generated"), 0)
     try:
         llm.set_speculation(enabled=False)
         steady.run(max_tokens)
         for repeat in range(repeats):
-            window = {}
+            window, decode = {}, {}
             for mode in (("off", "on") if repeat % 2 == 0 else ("on", "off")):
                 llm.set_speculation(enabled=mode == "on", num_speculative_tokens=k)
                 steady.run(steps // 2)
                 before = (stats.generation_tokens, stats.spec_draft_tokens, stats.spec_accepted_tokens,
                           stats.spec_drafts, stats.spec_decode_seq_steps)
                 start = time.perf_counter()
-                steady.run(steps)
+                with DecodeClock(llm.engine) as clock:
+                    steady.run(steps, clock)
                 window[mode] = (stats.generation_tokens - before[0]) / (time.perf_counter() - start)
+                decode[mode] = clock.rate
+                decode_steps[mode].append(clock.timed / max(1, clock.steps))
                 if mode == "on":
                     for key, now, then in zip(("drafted", "accepted", "drafts", "seq_steps"),
                                               (stats.spec_draft_tokens, stats.spec_accepted_tokens, stats.spec_drafts,
@@ -172,6 +211,8 @@ def measure_steady(llm, tasks, batch: int, k: int, max_tokens: int, c: float, re
                     totals["generated"] += stats.generation_tokens - before[0]
                 rates[mode].append(window[mode])
             speedups.append(window["on"] / window["off"])
+            if decode["off"] and decode["on"]:
+                decode_speedups.append(decode["on"] / decode["off"])
     finally:
         steady.close()
     alpha = totals["accepted"] / max(1, totals["drafted"])
@@ -181,7 +222,8 @@ def measure_steady(llm, tasks, batch: int, k: int, max_tokens: int, c: float, re
             "acceptance_rate": alpha, "draft_share": share,
             "mean_accepted_length": 1 + totals["accepted"] / max(1, totals["drafts"]),
             "predicted_speedup": leviathan(alpha, k, c), "draft_cost_ratio": c, "speedups": speedups,
-            "drafted": totals["drafted"], "accepted": totals["accepted"], "drafts": totals["drafts"],
+            "decode_speedups": decode_speedups,
+            "decode_step_share": {mode: statistics.fmean(v) for mode, v in decode_steps.items() if v}, "drafted": totals["drafted"], "accepted": totals["accepted"], "drafts": totals["drafts"],
             "generated": totals["generated"],
             "seq_steps": totals["seq_steps"],
             "context": statistics.fmean(len(llm.engine.encode(p)) for p in prompts) + max_tokens / 2}
@@ -232,7 +274,7 @@ def break_even_table(rows: list[dict], costs: dict, repeats: int) -> list[dict]:
         alpha = alpha_from_acceptance(rate, k)
         ctx = round(statistics.fmean(r["context"] for r in mine))
         batches = [r["batch"] for r in mine]
-        per_repeat = [crossing(batches, [r["speedups"][i] for r in mine]) for i in range(repeats)]
+        per_repeat = [crossing(batches, [step_speedups(r)[i] for r in mine]) for i in range(repeats)]
         measured = statistics.median(per_repeat)
         row = {"workload": workload, "k": k, "acceptance_rate": rate, "alpha": alpha, "context": ctx,
                "batches": batches, "measured_break_even": _number(measured),
@@ -266,13 +308,22 @@ def speedup_by_batch(rows: list[dict], costs: dict) -> list[dict]:
             continue
         gain, verify_q = drafting([r], 1)
         share = drafting_share(r)
-        entry = {"workload": r["workload"], "batch": r["batch"], "measured": statistics.median(r["speedups"]),
-                 "measured_range": [min(r["speedups"]), max(r["speedups"])], "drafting_share": share}
+        measured = step_speedups(r)
+        entry = {"workload": r["workload"], "batch": r["batch"], "measured": statistics.median(measured),
+                 "measured_range": [min(measured), max(measured)], "drafting_share": share,
+                 "served": statistics.median(r["speedups"])}
         for name, cost in costs.items():
             entry[f"predicted_{name}"] = gain * cost.step(r["batch"], r["context"], 1) / cost.step(
                 r["batch"], r["context"], verify_q, share)
         out.append(entry)
     return out
+
+
+def step_speedups(row: dict) -> list[float]:
+    """Per repeat, the speed-up a step cost prices: of the steps without prompt tokens where the row timed
+    them (`DecodeClock`), else of the whole window (rows written before they were timed apart)."""
+    decode = row.get("decode_speedups")
+    return decode if decode and len(decode) == len(row["speedups"]) else row["speedups"]
 
 
 def drafting_share(row: dict) -> float:

@@ -113,6 +113,42 @@ def test_each_steady_row_is_priced_from_what_speculation_did_in_it():
     assert summary["median_abs_error"] == pytest.approx(1.5 * 0.011 / 0.012 / 1.30 - 1)
 
 
+def test_a_row_timed_by_its_decode_steps_is_priced_against_those_and_keeps_the_served_figure():
+    row = {"method": "ngram", "workload": "copy-heavy", "batch": 1, "context": 100, "seq_steps": 100, "k": 1,
+           "accepted": 50, "drafted": 100, "speedups": [1.00, 1.05, 1.10], "decode_speedups": [1.30, 1.35, 1.40]}
+    entry, = speculation.speedup_by_batch([row], {"linear": LinearCost()})
+    assert entry["measured"] == 1.35 and entry["measured_range"] == [1.30, 1.40] and entry["served"] == 1.05
+    # a row whose decode steps were not timed in every repeat falls back to its windows
+    assert speculation.step_speedups({**row, "decode_speedups": [1.3]}) == [1.00, 1.05, 1.10]
+
+
+class FakeEngine:
+    """Steps as the engine reports them: a listener gets each step's record; stats count generated tokens."""
+
+    def __init__(self, steps: list[tuple[float, int, int]]):       # (seconds, prompt tokens, tokens generated)
+        self.plan, self.step_listeners = list(steps), []
+        self.stats = type("Stats", (), {"generation_tokens": 0})()
+
+    def step(self) -> list:
+        seconds, prompt, generated = self.plan.pop(0)
+        self.stats.generation_tokens += generated
+        record = type("Record", (), {"duration_s": seconds, "num_prefill_tokens": prompt})()
+        for listener in self.step_listeners:
+            listener(record)
+        return []
+
+
+def test_the_decode_clock_counts_the_steps_without_prompt_tokens_only():
+    engine = FakeEngine([(0.020, 0, 1), (0.250, 130, 1), (0.030, 0, 2), (0.020, 0, 1)])
+    batch = speculation.SteadyBatch.__new__(speculation.SteadyBatch)
+    batch.engine = engine
+    with speculation.DecodeClock(engine) as clock:
+        batch.run(4, clock)
+    assert (clock.tokens, clock.timed, clock.steps) == (4, 3, 4)
+    assert clock.rate == pytest.approx(4 / 0.070)
+    assert engine.step_listeners == []                    # the listener leaves with the window
+
+
 def condition_status(reason: str, message: str, planned: int = 17) -> dict:
     return {"status": {"conditions": [{"type": "SpeculationActive", "reason": reason, "message": message}],
                        "plan": {"predicted": {"maxBatchForSpeculation": planned}}}}

@@ -33,6 +33,7 @@ from pathlib import Path
 from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
 
 RESULTS = Path(__file__).parent / "results"
+PROFILE = Path(__file__).parents[1] / "operator/catalogs/profiles/smollm2-135m--cpu.json"    # the shipped CPU profile
 
 CODE = '''def merge_sorted(a: list[int], b: list[int]) -> list[int]:
     out, i, j = [], 0, 0
@@ -223,7 +224,8 @@ def measure_steady(llm, tasks, batch: int, k: int, max_tokens: int, c: float, re
             "mean_accepted_length": 1 + totals["accepted"] / max(1, totals["drafts"]),
             "predicted_speedup": leviathan(alpha, k, c), "draft_cost_ratio": c, "speedups": speedups,
             "decode_speedups": decode_speedups,
-            "decode_step_share": {mode: statistics.fmean(v) for mode, v in decode_steps.items() if v}, "drafted": totals["drafted"], "accepted": totals["accepted"], "drafts": totals["drafts"],
+            "decode_step_share": {mode: statistics.fmean(v) for mode, v in decode_steps.items() if v},
+            "drafted": totals["drafted"], "accepted": totals["accepted"], "drafts": totals["drafts"],
             "generated": totals["generated"],
             "seq_steps": totals["seq_steps"],
             "context": statistics.fmean(len(llm.engine.encode(p)) for p in prompts) + max_tokens / 2}
@@ -400,6 +402,34 @@ def operator_costs(profile_path: str | None) -> dict:
     return costs
 
 
+def fit_check(profile) -> list[dict]:
+    """Per (batch, context) of a profile: a two-token verify step over a decode step, as its points measured
+    and as its fits price them. Decode and verify share their slopes in the fit, so where verification costs
+    more per row than decoding (few rows) the fit prices it low, and speculation there high."""
+    points = {(p.kind, p.batch, p.context, p.q): p.median_s for p in profile.points}
+    decode, verify = profile.fit["decode"], profile.fit.get("verify", profile.fit["decode"])
+    return [{"batch": b, "context": c, "points": points[("verify", b, c, 2)] / seconds,
+             "fit": verify.seconds(b, c, 2) / decode.seconds(b, c, 1)}
+            for (kind, b, c, q), seconds in sorted(points.items())
+            if kind == "decode" and q == 1 and ("verify", b, c, 2) in points]
+
+
+def print_fit_check(path: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specfleet.engine import profile_format
+
+    path = path or str(PROFILE)
+    table = Table(title=f"verify (q = 2) / decode step time: points against fit, {Path(path).name}")
+    for col in ("batch", "context", "points", "fit", "fit / points"):
+        table.add_column(col, justify="right")
+    for r in fit_check(profile_format.load(path)):
+        table.add_row(str(r["batch"]), str(r["context"]), f"{r['points']:.2f}", f"{r['fit']:.2f}",
+                      f"{r['fit'] / r['points']:.2f}")
+    Console().print(table)
+
+
 def draft_cost_ratio(target_layers: int, draft_layers: int) -> float:
     return draft_layers / target_layers
 
@@ -427,7 +457,11 @@ def main() -> None:
     parser.add_argument("--predict-from", type=Path, default=None, metavar="JSON",
                         help="measure nothing: predict the break-evens of an earlier run's results again, with "
                              "today's costs (after a profile refit), and write them to --json")
+    parser.add_argument("--fit-check", action="store_true",
+                        help="measure nothing: print the profile's verify/decode step ratios, points against fit")
     args = parser.parse_args()
+    if args.fit_check:
+        return print_fit_check(args.profile)
     if args.predict_from:
         return predict_again(args)
     import torch

@@ -154,13 +154,13 @@ class Kube:
                                         _preload_content=False))
         return "updated"
 
-    def create_if_missing(self, manifest: dict, believed_absent: bool = False) -> bool:
-        """Create an object unless one of that name exists (never overwrites); True when created. Unless the
-        caller believes it absent, it is read first, so a steady-state reconcile sends no doomed create."""
+    def create_if_missing(self, manifest: dict, live: dict | None | object = UNREAD) -> bool:
+        """Create an object unless one of that name exists (never overwrites); True when created. `live` as
+        for `apply`: unread, it is read first, so a steady-state reconcile sends no doomed create."""
         meta = manifest["metadata"]
-        if not believed_absent and self.get(manifest["kind"], meta["namespace"], meta["name"]) is not None:
-            return False
-        return self._create(manifest)
+        if live is UNREAD:
+            live = self.get(manifest["kind"], meta["namespace"], meta["name"])
+        return live is None and self._create(manifest)
 
     def _create(self, manifest: dict) -> bool:
         """Create `manifest`; False when an object of that name already exists (409)."""

@@ -101,7 +101,7 @@ def _apply(k: Kube, body: dict, spec: api.InferenceServiceSpec, plan: planner.Pl
         kind = manifest["kind"]
         known = live if kind == "Deployment" or live is None else UNREAD
         if kind == "Secret":
-            k.create_if_missing(manifest, believed_absent=known is None)    # the token is made once, never rewritten
+            k.create_if_missing(manifest, known)            # the token is made once, never rewritten
         elif kind == "NetworkPolicy":
             k.apply(manifest, known)
         else:

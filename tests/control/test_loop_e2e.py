@@ -117,6 +117,11 @@ def service(custom, ns: str = NS) -> dict:
     return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, "chat")
 
 
+def speculation_active(custom) -> dict:
+    conditions = service(custom).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "SpeculationActive"), {})
+
+
 def events(core, reason: str, ns: str = NS) -> list[dict]:
     items = core.list_namespaced_event(ns, _preload_content=False).json()["items"]
     return [e for e in items if e.get("reason") == reason]
@@ -148,6 +153,9 @@ def test_a_batch_heavy_phase_turns_speculation_off_on_every_pod(fleet):
     for e in engines:
         e.set(rps=0.05, ttft=0.3, waiting=0.0, batch=2.0, alpha=0.86)      # one replica's worth, well within
     assert wait_for(lambda: all(e.admin_calls and e.admin_calls[-1][0]["enabled"] is True for e in engines))
+    # The pods switch before status is written: wait for status to say so too, or the off condition read below
+    # could still be the one the phase above left (CostsReplicas) on a busy machine.
+    assert wait_for(lambda: speculation_active(custom).get("status") == "True")
     # At 0.67 per token (0.4 of 4 drafted tokens accepted) the shipped CPU profile prices speculation to stop
     # paying, past the dead band's edge, at a batch well below 400; at 0.86 (0.7 of 4) it pays at every batch
     # (docs/control.md, "Calibration: profile, online, roofline"). Both stay above minAcceptanceRate at any depth

@@ -23,7 +23,7 @@ class FakeKube:
     def get(self, kind, namespace, name):
         return copy.deepcopy(self.objects.get((kind, namespace, name)))
 
-    def apply(self, manifest, live=None):      # `live`: Kube's hint that saves a read; a dict needs none
+    def apply(self, manifest, live=None):      # `live` (the caller's read) saves Kube a GET; none here
         key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
         live = self.objects.get(key)
         if live is not None and is_subset(manifest, live):
@@ -31,7 +31,7 @@ class FakeKube:
         self.objects[key], self.writes = copy.deepcopy(manifest), self.writes + 1
         return "created" if live is None else "updated"
 
-    def create_if_missing(self, manifest, believed_absent=False):
+    def create_if_missing(self, manifest, live=None):
         key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
         if key in self.objects:
             return False

@@ -133,13 +133,13 @@ class FakeKube:
     def get(self, kind, namespace, name):
         return self.objects.get((kind, namespace, name))
 
-    def apply(self, manifest, live=None):      # `live`: Kube's hint that saves a read; a dict needs none
+    def apply(self, manifest, live=None):      # `live` (the caller's read) saves Kube a GET; none here
         key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
         verb = "updated" if key in self.objects else "created"
         self.objects[key] = manifest
         return verb
 
-    def create_if_missing(self, manifest, believed_absent=False):
+    def create_if_missing(self, manifest, live=None):
         return self.apply(manifest) == "created"
 
 

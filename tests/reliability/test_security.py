@@ -179,7 +179,7 @@ def test_the_token_never_reaches_status_events_or_logs(caplog):
         def get(self, kind, namespace, name):
             return self.objects.get((kind, namespace, name))
 
-        def apply(self, manifest, live=None):      # `live`: Kube's hint that saves a read; a dict needs none
+        def apply(self, manifest, live=None):      # `live` (the caller's read) saves Kube a GET; none here
             key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
             live = self.objects.get(key)
             if live is not None and is_subset(manifest, live):
@@ -187,7 +187,7 @@ def test_the_token_never_reaches_status_events_or_logs(caplog):
             self.objects[key] = manifest
             return "created" if live is None else "updated"
 
-        def create_if_missing(self, manifest, believed_absent=False):
+        def create_if_missing(self, manifest, live=None):
             return self.objects.setdefault((manifest["kind"], "ns", manifest["metadata"]["name"]), manifest) is manifest
 
     kube = FakeKube()

@@ -404,13 +404,16 @@ def operator_costs(profile_path: str | None) -> dict:
 
 def fit_check(profile) -> list[dict]:
     """Per (batch, context) of a profile: a two-token verify step over a decode step, as its points measured
-    and as its fits price them. Decode and verify share their slopes in the fit, so where verification costs
-    more per row than decoding (few rows) the fit prices it low, and speculation there high."""
-    points = {(p.kind, p.batch, p.context, p.q): p.median_s for p in profile.points}
+    and as its fits price them. `range`: the relative max - min of the ratio over the points' single timed
+    steps (to first order, the sum of both points' relative spreads), how much one step varies; each point
+    is the median of its repeats, which varies less."""
+    points = {(p.kind, p.batch, p.context, p.q): p for p in profile.points}
     decode, verify = profile.fit["decode"], profile.fit.get("verify", profile.fit["decode"])
-    return [{"batch": b, "context": c, "points": points[("verify", b, c, 2)] / seconds,
-             "fit": verify.seconds(b, c, 2) / decode.seconds(b, c, 1)}
-            for (kind, b, c, q), seconds in sorted(points.items())
+    return [{"batch": b, "context": c, "points": points[("verify", b, c, 2)].median_s / d.median_s,
+             "fit": verify.seconds(b, c, 2) / decode.seconds(b, c, 1),
+             "range": points[("verify", b, c, 2)].spread_s / points[("verify", b, c, 2)].median_s
+             + d.spread_s / d.median_s}
+            for (kind, b, c, q), d in sorted(points.items())
             if kind == "decode" and q == 1 and ("verify", b, c, 2) in points]
 
 
@@ -422,11 +425,11 @@ def print_fit_check(path: str | None) -> None:
 
     path = path or str(PROFILE)
     table = Table(title=f"verify (q = 2) / decode step time: points against fit, {Path(path).name}")
-    for col in ("batch", "context", "points", "fit", "fit / points"):
+    for col in ("batch", "context", "points", "fit", "fit / points", "points' range"):
         table.add_column(col, justify="right")
     for r in fit_check(profile_format.load(path)):
         table.add_row(str(r["batch"]), str(r["context"]), f"{r['points']:.2f}", f"{r['fit']:.2f}",
-                      f"{r['fit'] / r['points']:.2f}")
+                      f"{r['fit'] / r['points']:.2f}", f"{100 * r['range']:.0f}%")
     Console().print(table)
 
 

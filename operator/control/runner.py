@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import functools
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -58,7 +59,14 @@ class Planned:
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    """The wall clock to the second, as status and Events write it (formatted once a second: a fleet's
+    steps ask hundreds of times a second)."""
+    return _iso_second(int(time.time()))
+
+
+@functools.lru_cache(maxsize=1)
+def _iso_second(second: int) -> str:
+    return dt.datetime.fromtimestamp(second, dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 class ServiceControl:
@@ -76,6 +84,7 @@ class ServiceControl:
         self.http = http
         self.source = source or DirectSource(http)
         self.last_step = float("-inf")
+        self.awaiting = False           # the last interval stopped to wait for a pod's next sample
         self.planned: Planned | None = None
         self.state: loop.ServiceLoop | None = None
         self._metrics: telemetry.ServiceMetrics | None = None
@@ -91,10 +100,23 @@ class ServiceControl:
         """Nothing to observe: no pods, and no earlier scrape whose disappearance would be news."""
         return not pods and (self.state is None or not self.state.prev)
 
+    def news(self, pods: list[EnginePod], interval: bool) -> bool | None:
+        """Whether a step now would find, for every pod, a sample newer than the one it last read (True) or
+        for none (False); None where the source cannot tell without I/O (`source.news`). A detection reads
+        past the last look, an interval past the last interval; an interval that may no longer wait
+        (`_awaiting_samples`) is never told False. The scheduler takes the turns with nothing new in place:
+        most, at Prometheus's pace (a pod sampled once per 15 s, looked at every 5 s)."""
+        st = self.state
+        if st is None:
+            return None
+        found = self.source.news(self.namespace, discovery.endpoints(pods), st.prev if interval else st.recent)
+        return None if found is False and interval and not self._may_wait() else found
+
     async def interval(self, body: dict, pods: list[EnginePod], replicas: Replicas | None,
                        when: str) -> ControlOutcome | None:
         """One interval; None when there is nothing to control (idle, no plan, no Deployment). `replicas`:
         the Deployment's (spec.replicas, readyReplicas) as the watch last reported them."""
+        self.awaiting = False
         if self.idle(pods) or replicas is None or (planned := self._planned(body)).plan is None:
             return None
         st, spec, plan = self.state, planned.spec, planned.plan
@@ -102,6 +124,7 @@ class ServiceControl:
         endpoints = discovery.endpoints(pods)
         scrapes, report = await self.source.scrape(self.namespace, endpoints)
         if self._awaiting_samples(scrapes):
+            self.awaiting = True
             return None
         self.last_step = self.clock()
         window = build_window(st.prev, scrapes, expected=len(endpoints))
@@ -134,12 +157,20 @@ class ServiceControl:
         """Whether to wait for a pod's next sample before stepping: Prometheus samples at its own pace, so an
         interval can come before a pod's next scrape; a window without it would be incomplete, and an
         incomplete window reads as missing evidence (SLOMet Unknown, an idle period restarted). A direct
-        scrape is always new. Waiting ends after `AWAIT_SAMPLES_INTERVALS` intervals: then the step runs
-        on what there is."""
+        scrape is always new. The scheduler tries the interval again soon (`awaiting`), so intervals follow
+        the samples' pace; waiting ends after `AWAIT_SAMPLES_INTERVALS` intervals, or the source's staleness
+        bound if longer (`_may_wait`): then the step runs on what there is."""
         prev = self.state.prev
         stale = any(pod in prev and s.time <= prev[pod].time for pod, s in scrapes.items())
-        waited = self.clock() - self.last_step
-        return stale and waited < AWAIT_SAMPLES_INTERVALS * self.config.interval_s
+        return stale and self._may_wait()
+
+    def _may_wait(self) -> bool:
+        """At least `AWAIT_SAMPLES_INTERVALS` intervals, and as long as the source still serves a pod's last
+        sample (its `stale_after_s`; then it scrapes the pod directly, always a new sample): with a control
+        interval shorter than a quarter of Prometheus's scrape interval, four intervals end before the next
+        sample, and a step on the old one (no window) restarts an idle period every time."""
+        bound = max(AWAIT_SAMPLES_INTERVALS * self.config.interval_s, getattr(self.source, "stale_after_s", 0.0))
+        return self.clock() - self.last_step < bound
 
     async def detect(self, body: dict, pods: list[EnginePod], replicas: Replicas | None,
                      when: str) -> ControlOutcome | None:

@@ -3,9 +3,13 @@
 Each tracked service has its `ServiceControl` (kept in the service's kopf `memo`) and a due time; one
 asyncio task sleeps until the earliest one, steps the services that are due (an interval every
 `interval_s`; surge detection every `detect_interval_s` in between, only while the service has pods
-to scrape) and schedules them again. A service with no pods (and nothing scraped before) is idle: its
-turn costs a look at the `EngineView` and a heap push, once an interval. A service is never stepped
-twice at once; different services step concurrently, at most `concurrency` at a time.
+to scrape) and schedules them again. A turn with nothing to do is taken in place, for a look at the
+`EngineView` and a heap push: a service with no pods (and nothing scraped before) is idle, and a turn that
+would find no sample newer than the last it read ends before it starts. Where samples come at their own
+pace (Prometheus scrapes each pod once per 15 s), the interval follows them: it is taken up to a
+detection period early by the detection that finds each pod's next sample, or tried again a detection
+period later while they are not there yet, so each sample is read once. A service is never stepped twice
+at once; different services step concurrently, at most `concurrency` at a time.
 
 Each service's latest body is kept as `StoredBody`: compact JSON of the fields a step reads, decoded only
 when the service steps. Holding the watch's decoded body instead cost some 20 KiB of Python objects per
@@ -18,6 +22,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -67,6 +72,7 @@ class _Tracked:
     body: Callable[[], dict]        # the service's latest body, as plain dicts (a `StoredBody`)
     next_interval: float
     due: float                      # the next step (interval or detection)
+    early: bool = False             # the next step is the interval, a detection period early at most
 
 
 def _advance(tracked: _Tracked, now: float) -> None:
@@ -75,6 +81,13 @@ def _advance(tracked: _Tracked, now: float) -> None:
     interval_s = tracked.control.config.interval_s
     due = tracked.next_interval + interval_s
     tracked.next_interval = due if due > now else now + interval_s
+
+
+def _retry(tracked: _Tracked, now: float) -> None:
+    """An interval that waits for its pods' next samples is tried again a detection period later (a third
+    of an interval without detection): the intervals then follow the pace the samples arrive at."""
+    config = tracked.control.config
+    tracked.next_interval = now + (config.detect_interval_s or config.interval_s / 3)
 
 
 class ControlScheduler:
@@ -91,6 +104,7 @@ class ControlScheduler:
         self._changed = asyncio.Event()
         self._running: set[asyncio.Task] = set()
         self.wake_slack_s = WAKE_SLACK_S
+        self._wake_at = math.inf             # when `run` wakes next (inf before its first wait: any push wakes it)
 
     def track(self, key: Key, control: ServiceControl, body: Callable[[], dict]) -> None:
         """Start controlling a service, or give it a newer body; its first interval comes at a random point
@@ -117,24 +131,39 @@ class ControlScheduler:
             while self._heap and self._heap[0][0] <= now:
                 due, _, key = heapq.heappop(self._heap)
                 tracked = self._tracked.get(key)
-                # else forgotten or rescheduled; an idle service's turn needs no task
-                if tracked is not None and tracked.due == due and not self._idle_turn(key, tracked):
+                # else forgotten or rescheduled; a turn with nothing to do needs no task
+                if tracked is not None and tracked.due == due and not self._quiet_turn(key, tracked):
                     self._start(key, tracked)
-            wait = self._heap[0][0] - now + self.wake_slack_s if self._heap else None
+            self._wake_at = self._heap[0][0] + self.wake_slack_s if self._heap else math.inf
+            wait = self._wake_at - now if self._heap else None
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), wait)
             except asyncio.TimeoutError:
                 pass
 
-    def _idle_turn(self, key: Key, tracked: _Tracked) -> bool:
-        """An idle service's turn, taken in place (no task: most of a large fleet is idle); False if not idle."""
-        pods = self.view.pods(*key)
-        if not tracked.control.idle(pods):
+    def _quiet_turn(self, key: Key, tracked: _Tracked) -> bool:
+        """A turn with nothing to do, taken in place (no task, no body decoded); False if the turn has work.
+        Nothing to do: an idle service's turn (most of a large fleet), or one that would find no sample
+        newer than the last it read (`ServiceControl.news`), where an interval is tried again soon
+        (`_retry`). A detection that finds each pod's next sample within a detection period of the
+        interval takes the interval instead: where samples come at their own pace (Prometheus's), the
+        intervals follow it, and each sample is read once, not by a detection and again by the interval."""
+        pods, control, now = self.view.pods(*key), tracked.control, self.clock()
+        interval = now >= tracked.next_interval - 1e-3
+        if control.idle(pods):
+            if interval:
+                _advance(tracked, now)
+        elif interval:
+            if control.news(pods, interval=True) is not False:
+                return False
+            _retry(tracked, now)
+        elif tracked.next_interval - now <= control.config.detect_interval_s and control.news(pods, interval=True):
+            tracked.early = True
             return False
-        if self.clock() >= tracked.next_interval - 1e-3:
-            _advance(tracked, self.clock())
-        tracked.due = self._next(tracked.control, tracked, pods)
+        elif control.news(pods, interval=False) is not False:
+            return False
+        tracked.due = self._next(control, tracked, pods)
         self._push(key, tracked.due)
         return True
 
@@ -145,7 +174,7 @@ class ControlScheduler:
 
     async def _step(self, key: Key, tracked: _Tracked) -> None:
         control, now, pods = tracked.control, self.clock(), []
-        interval = now >= tracked.next_interval - 1e-3
+        interval, tracked.early = tracked.early or now >= tracked.next_interval - 1e-3, False
         if interval:
             _advance(tracked, now)
         try:
@@ -154,6 +183,8 @@ class ControlScheduler:
                 async with self._limit:
                     await self._run_step(control, tracked, pods, interval)
         finally:                    # whatever happened, the service keeps its turn
+            if interval and control.awaiting:
+                _retry(tracked, self.clock())
             if self._tracked.get(key) is tracked:
                 tracked.due = self._next(control, tracked, pods)
                 self._push(key, tracked.due)
@@ -186,5 +217,8 @@ class ControlScheduler:
         return tracked.next_interval
 
     def _push(self, key: Key, due: float) -> None:
+        """Queue a turn; wake the scheduler only if it would otherwise start the turn late (each wake costs
+        an idle fleet a timer and a task, and steps end hundreds of times a second)."""
         heapq.heappush(self._heap, (due, next(self._order), key))
-        self._changed.set()
+        if due + self.wake_slack_s < self._wake_at:
+            self._changed.set()

@@ -79,6 +79,10 @@ class DirectSource:
         scrapes = await scrape_pods(endpoints, client=self.http) if endpoints else {}
         return scrapes, SourceReport("direct", "DirectScrape", "metrics scraped from each engine pod", True)
 
+    def news(self, namespace: str, endpoints: Mapping[str, str], seen: Mapping[str, Scrape]) -> bool | None:
+        """Unknown before scraping (and a direct scrape is always a new sample)."""
+        return None
+
 
 @dataclass
 class Snapshot:
@@ -114,6 +118,22 @@ class PrometheusSource:
         fresh, missing = self._split(snap, namespace, endpoints)
         direct = await scrape_pods({p: endpoints[p] for p in missing}, client=self.http) if missing else {}
         return {**fresh, **direct}, self._report(snap, missing, len(endpoints))
+
+    def news(self, namespace: str, endpoints: Mapping[str, str], seen: Mapping[str, Scrape]) -> bool | None:
+        """Whether `scrape` would now answer, without I/O, a sample newer than the one in `seen` for every pod
+        (True) or for none (False): the shared snapshot is young enough to serve as it is and holds each pod's
+        sample, still fresh. None where unsure (a refresh due, a pod missing, new or gone stale, Prometheus
+        failing) or where some pods have a newer sample and some not."""
+        snap = self.snapshot
+        if not endpoints or snap is None or snap.error is not None or self.clock() - snap.taken >= self.max_age_s:
+            return None
+        oldest, newer = self.wall() - self.stale_after_s, set()
+        for pod in endpoints:
+            scrape = snap.scrapes.get((namespace, pod))
+            if scrape is None or pod not in seen or snap.sampled[(namespace, pod)] < oldest:
+                return None
+            newer.add(scrape.time > seen[pod].time)
+        return newer.pop() if len(newer) == 1 else None
 
     async def fleet(self) -> Snapshot:
         """The shared snapshot, refreshed once older than `max_age_s` (one refresh at a time)."""

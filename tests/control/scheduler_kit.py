@@ -18,12 +18,16 @@ class FakeControl:
         self.config = loop.LoopConfig(interval_s=INTERVAL, detect_interval_s=DETECT)
         self.steps: list[str] = []
         self.kube = self
+        self.awaiting = False
 
     def transient(self, exc) -> bool:
         return False
 
     def idle(self, pods) -> bool:
         return not pods
+
+    def news(self, pods, interval) -> bool | None:
+        return None
 
     async def interval(self, body, pods, replicas, when):
         self.steps.append("interval")

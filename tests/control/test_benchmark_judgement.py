@@ -153,12 +153,13 @@ def test_the_fit_check_sets_each_verify_point_against_what_the_fit_prices_there(
     from specfleet.engine.profile_format import Profile, StepFit, StepPoint
 
     fit = StepFit(a=0.010, b=0.001, c=0.0, rel_rms_error=0.0, num_points=3)     # 10 ms + 1 ms per token
-    points = [StepPoint("decode", 4, 128, 1, 0.014, 0.0, 5), StepPoint("verify", 4, 128, 2, 0.021, 0.0, 5),
+    points = [StepPoint("decode", 4, 128, 1, 0.014, 0.0014, 5), StepPoint("verify", 4, 128, 2, 0.021, 0.0042, 5),
               StepPoint("decode", 8, 128, 1, 0.018, 0.0, 5)]                  # no verify point at batch 8
     profile = Profile("m", "cpu", "float32", {}, "", "", points, {"decode": fit, "verify": fit})
     row, = speculation.fit_check(profile)
     assert (row["batch"], row["context"]) == (4, 128)
     assert row["points"] == pytest.approx(0.021 / 0.014) and row["fit"] == pytest.approx(0.018 / 0.014)
+    assert row["range"] == pytest.approx(0.2 + 0.1)          # the repeats' spread of both points, relative
 
 
 def condition_status(reason: str, message: str, planned: int = 17) -> dict:

@@ -93,7 +93,8 @@ def test_a_scale_up_is_held_while_replicas_wait_for_a_node(service, make_window)
 
 def test_a_step_waits_for_each_pods_next_prometheus_sample_but_not_forever(body):
     """Prometheus samples at its own pace: an interval that comes before a pod's next sample waits (no
-    decision, no status) rather than read a window without it; after four intervals it steps anyway."""
+    decision, no status, `awaiting`) rather than read a window without it; after four intervals it steps
+    anyway."""
     from specfleet.operator.control.sources import SourceReport
     from specfleet.operator.control.window import Scrape
 
@@ -116,15 +117,26 @@ def test_a_step_waits_for_each_pods_next_prometheus_sample_but_not_forever(body)
     ctl = runner.ServiceControl("ns", "chat", RunnerKube(), loop.LoopConfig(interval_s=1.0), clock=clock,
                                 source=SampledEvery3s(clock))
     pods = [EnginePod("ns", "chat", "chat-0", "http://127.0.0.1:1", None)]
-    stepped = []
+    stepped, awaiting = [], []
     for _ in range(7):
         stepped.append(asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is not None)
+        awaiting.append(ctl.awaiting)                                      # the scheduler tries again soon
         clock.t += 1
     assert stepped == [True, False, True, False, False, True, False]     # t = 100 | 102 | 105: new samples
-    ctl.source = type("Frozen", (), {"scrape": SampledEvery3s(Clock()).scrape})()
+    assert awaiting == [not s for s in stepped]
+    ctl.source = type("Frozen", (), {"scrape": SampledEvery3s(Clock()).scrape,
+                                      "news": lambda self, namespace, endpoints, seen: False})()
     waits = [asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is None for _ in range(3)]
-    assert waits == [True, True, True]
+    assert waits == [True, True, True] and ctl.news(pods, interval=True) is False
     clock.t += 4                                                           # four intervals without a sample
+    assert ctl.news(pods, interval=True) is None and ctl.news(pods, interval=False) is False
+    assert asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is not None
+    # A source that serves a sample for a minute: a 1 s interval waits that long for the next one (four
+    # intervals would end before Prometheus's next scrape, and step on no window every time).
+    ctl.source.stale_after_s = 60.0
+    clock.t += 30
+    assert asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is None and ctl.awaiting
+    clock.t += 31
     assert asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is not None
 
 

@@ -152,6 +152,7 @@ def repriced_line(d: dict) -> str:
 # --- operator ---------------------------------------------------------------------------------------------
 
 SCALE_5000 = "operator_scale_5000.json"
+SCALE_5000_PACED, SCALE_5000_PACED_BASE = "operator_scale_5000_paced.json", "operator_scale_5000_paced_base.json"
 SCALE_ROWS = [("all reconciled", "all_reconciled_seconds", 1, " s"), ("SLO edit p50", "edit_latency_p50_s", 3, " s"),
               ("SLO edit p99", "edit_latency_p99_s", 3, " s"),
               ("operator RSS peak", "operator_rss_peak_mib", 0, " MiB"),
@@ -325,6 +326,9 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("speculation_k1_ngram1.provenance", SPECULATION_K1_NGRAM1, provenance_line),
     Figure("operator.scale_5000", SCALE_5000, scale_table),
     Figure("operator.scale_5000.provenance", SCALE_5000, provenance_line),
+    Figure("operator.scale_5000_paced", SCALE_5000_PACED, scale_table),
+    Figure("operator.scale_5000_paced.provenance", SCALE_5000_PACED, provenance_line),
+    Figure("operator.scale_5000_paced_base.provenance", SCALE_5000_PACED_BASE, provenance_line),
     Figure("operator.failover", FAILOVER, failover_table),
     Figure("operator.failover.provenance", FAILOVER, provenance_line),
     Figure("apiserver.table", APISERVER, apiserver_table),

@@ -167,8 +167,8 @@ class ServiceControl:
     def _may_wait(self) -> bool:
         """At least `AWAIT_SAMPLES_INTERVALS` intervals, and as long as the source still serves a pod's last
         sample (its `stale_after_s`; then it scrapes the pod directly, always a new sample): with a control
-        interval shorter than a quarter of Prometheus's scrape interval, four intervals end before the next
-        sample, and a step on the old one (no window) restarts an idle period every time."""
+        interval shorter than a quarter of Prometheus's scrape interval, four intervals can end before the
+        next sample, and a step on the old one (no window) restarts the idle period scale-to-zero counts."""
         bound = max(AWAIT_SAMPLES_INTERVALS * self.config.interval_s, getattr(self.source, "stale_after_s", 0.0))
         return self.clock() - self.last_step < bound
 

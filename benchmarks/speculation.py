@@ -33,7 +33,6 @@ from pathlib import Path
 from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
 
 RESULTS = Path(__file__).parent / "results"
-PROFILE = Path(__file__).parents[1] / "operator/catalogs/profiles/smollm2-135m--cpu.json"    # the shipped CPU profile
 
 CODE = '''def merge_sorted(a: list[int], b: list[int]) -> list[int]:
     out, i, j = [], 0, 0
@@ -409,12 +408,11 @@ def fit_check(profile) -> list[dict]:
     is the median of its repeats, which varies less."""
     points = {(p.kind, p.batch, p.context, p.q): p for p in profile.points}
     decode, verify = profile.fit["decode"], profile.fit.get("verify", profile.fit["decode"])
-    return [{"batch": b, "context": c, "points": points[("verify", b, c, 2)].median_s / d.median_s,
-             "fit": verify.seconds(b, c, 2) / decode.seconds(b, c, 1),
-             "range": points[("verify", b, c, 2)].spread_s / points[("verify", b, c, 2)].median_s
-             + d.spread_s / d.median_s}
-            for (kind, b, c, q), d in sorted(points.items())
-            if kind == "decode" and q == 1 and ("verify", b, c, 2) in points]
+    pairs = [(d, points[("verify", b, c, 2)]) for (kind, b, c, q), d in sorted(points.items())
+             if kind == "decode" and q == 1 and ("verify", b, c, 2) in points]
+    return [{"batch": d.batch, "context": d.context, "points": v.median_s / d.median_s,
+             "fit": verify.seconds(d.batch, d.context, 2) / decode.seconds(d.batch, d.context, 1),
+             "range": v.spread_s / v.median_s + d.spread_s / d.median_s} for d, v in pairs]
 
 
 def print_fit_check(path: str | None) -> None:
@@ -422,8 +420,9 @@ def print_fit_check(path: str | None) -> None:
     from rich.table import Table
 
     from specfleet.engine import profile_format
+    from specfleet.operator.catalogs.profile_catalog import HERE
 
-    path = path or str(PROFILE)
+    path = path or str(HERE / "smollm2-135m--cpu.json")                  # the shipped CPU profile
     table = Table(title=f"verify (q = 2) / decode step time: points against fit, {Path(path).name}")
     for col in ("batch", "context", "points", "fit", "fit / points", "points' range"):
         table.add_column(col, justify="right")

@@ -148,7 +148,7 @@ class ServiceControl:
         await self._apply(spec, step, endpoints, scrapes)
         _record_metrics(self.metrics, spec, plan, step, ready, window, st)
         for source in ("prometheus", "direct"):
-            self.metrics(telemetry.METRICS_SOURCE, source).set(float(source == report.source))
+            self.metrics.set(telemetry.METRICS_SOURCE, float(source == report.source), source)
         old = body.get("status") or {}
         calibration = effective_patch(old.get("calibration") or {}, status.calibration_dict(st.model.calibration))
         return ControlOutcome({**loop.status_patch(body, step, when), "calibration": calibration}, step.events)
@@ -192,7 +192,7 @@ class ServiceControl:
         if step is None:
             return None
         await self._apply(planned.spec, step, endpoints, scrapes)
-        self.metrics(telemetry.DESIRED).set(step.scale.desired)
+        self.metrics.set(telemetry.DESIRED, step.scale.desired)
         self.metrics(telemetry.DECISIONS, "scale", step.scale.reason).inc()
         return ControlOutcome(loop.status_patch(body, step, when), step.events)
 
@@ -331,32 +331,32 @@ def _record_metrics(m: telemetry.ServiceMetrics, spec, plan, step: loop.Step, re
                     st: loop.ServiceLoop) -> None:
     t = telemetry
     if step.scale is not None:
-        m(t.DESIRED).set(step.scale.desired)
+        m.set(t.DESIRED, step.scale.desired)
         m(t.DECISIONS, "scale", step.scale.reason).inc()
     if step.spec is not None:
         m(t.DECISIONS, "speculation", step.spec.reason).inc()
     if step.budget is not None:
         for span, value in step.budget.attainment.items():
-            m(t.BUDGET_ATTAINMENT, span).set(value)
+            m.set(t.BUDGET_ATTAINMENT, value, span)
         for span, value in step.budget.burn_rate.items():
-            m(t.BURN_RATE, span).set(value)
-    m(t.ACTUAL).set(ready)
-    m(t.PREDICTED, "ttft").set(plan.predicted.ttft_p99_ms / 1000)
-    m(t.PREDICTED, "itl").set(plan.predicted.itl_p99_ms / 1000)
-    m(t.TARGET, "ttft").set(spec.slo.ttft_p99_ms / 1000)
-    m(t.TARGET, "itl").set(spec.slo.itl_p99_ms / 1000)
-    m(t.OBJECTIVE).set(spec.slo.objective)
+            m.set(t.BURN_RATE, value, span)
+    m.set(t.ACTUAL, ready)
+    m.set(t.PREDICTED, plan.predicted.ttft_p99_ms / 1000, "ttft")
+    m.set(t.PREDICTED, plan.predicted.itl_p99_ms / 1000, "itl")
+    m.set(t.TARGET, spec.slo.ttft_p99_ms / 1000, "ttft")
+    m.set(t.TARGET, spec.slo.itl_p99_ms / 1000, "itl")
+    m.set(t.OBJECTIVE, spec.slo.objective)
     if st.speculation is not None:
-        m(t.SPECULATION).set(float(st.speculation.enabled))
-        m(t.SPEC_K).set(st.speculation.k)
+        m.set(t.SPECULATION, float(st.speculation.enabled))
+        m.set(t.SPEC_K, st.speculation.k)
     if window is None:
         return
     for metric, value in (("ttft", window.ttft_p99), ("itl", window.itl_p99)):
         if value is not None:
-            m(t.OBSERVED, metric).set(value)
+            m.set(t.OBSERVED, value, metric)
     attainment = window.slo_attainment(st.model.ttft_s, st.model.itl_s)
     if attainment is not None:
-        m(t.ATTAINMENT).set(attainment)
+        m.set(t.ATTAINMENT, attainment)
     acceptance = window.acceptance_rate if window.acceptance_rate is not None else window.counterfactual_acceptance_rate
     if acceptance is not None:
-        m(t.ACCEPTANCE).set(acceptance)
+        m.set(t.ACCEPTANCE, acceptance)

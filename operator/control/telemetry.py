@@ -59,11 +59,14 @@ def serve_from_environment(log: logging.Logger | None = None) -> int | None:
 
 class ServiceMetrics:
     """One service's children of the metrics above, each looked up once: `.labels(...)` validates its
-    values and takes the metric's lock on every call, and a control interval sets some fifteen of them."""
+    values and takes the metric's lock on every call, and a control interval sets some twenty of them.
+    A gauge is set only when its value changed (`set`): most (targets, predictions, replicas, the
+    speculation state) stay the same from one interval to the next, and each set takes a lock."""
 
     def __init__(self, namespace: str, name: str):
         self.service = (namespace, name)
         self._children: dict[tuple, object] = {}
+        self._values: dict[tuple, float] = {}
 
     def __call__(self, metric, *labels: str):
         """The child of `metric` for this service and the further `labels` (window, metric, source...)."""
@@ -72,3 +75,11 @@ class ServiceMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*self.service, *labels)
         return child
+
+    def set(self, metric, value: float, *labels: str) -> None:
+        """Set a gauge child to `value`, unless this is the value last set through here (every write to
+        this service's gauges goes through here, so the gauge holds it)."""
+        key = (metric, labels)
+        if self._values.get(key) != value:
+            self(metric, *labels).set(value)
+            self._values[key] = value

@@ -1,6 +1,7 @@
 """What keeps an idle fleet cheap: a step that changes nothing writes nothing (no status patch for a window
 length alone, no publish for an unchanged outcome), the scheduler keeps each body as compact JSON of the
-fields a step reads, and the operator's API client keeps a connection per calling thread."""
+fields a step reads, the operator's API client keeps a connection per calling thread, and a service's gauges
+are set only when their values change."""
 from __future__ import annotations
 
 import asyncio
@@ -208,3 +209,20 @@ def test_writes_whose_answer_is_not_read_reuse_one_connection():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_service_gauge_is_set_only_when_its_value_changes_and_always_shows_the_last(monkeypatch):
+    from specfleet.operator.control import telemetry
+
+    metrics, sets = telemetry.ServiceMetrics("idle-cost", "chat"), []
+    child = metrics(telemetry.TARGET, "ttft")
+    monkeypatch.setattr(child, "set", lambda value, real=child.set: (sets.append(value), real(value)))
+    for value in (2.0, 2.0, 2.0, 0.5, 0.5, 2.0):
+        metrics.set(telemetry.TARGET, value, "ttft")
+    assert sets == [2.0, 0.5, 2.0]
+    shown = telemetry.REGISTRY.get_sample_value("specfleet_slo_target_seconds",
+                                                {"namespace": "idle-cost", "name": "chat", "metric": "ttft"})
+    assert shown == 2.0
+    metrics.set(telemetry.TARGET, 1.5, "itl")      # another label set is another gauge
+    assert telemetry.REGISTRY.get_sample_value("specfleet_slo_target_seconds",
+                                               {"namespace": "idle-cost", "name": "chat", "metric": "itl"}) == 1.5

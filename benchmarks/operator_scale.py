@@ -14,8 +14,9 @@ Runs `specfleet cluster apiserver` and `specfleet operator run` as separate proc
     `MetricsSource` condition of a sample of services (expected True/Prometheus, or True/DirectScrape).
 
 `--pods N` gives the first N services one Ready engine Pod each (the operator's pod labels, podIP 127.0.0.1, the
-container port of one stub HTTP server answering a static `/metrics` for every pod; the emulator runs no
-kubelet, so without it no service has a pod and the loops idle).
+container port of one stub HTTP server answering a static `/metrics` for every pod, the series a real engine
+exports (`engine_exposition`); the emulator runs no kubelet, so without it no service has a pod and the
+loops idle).
 
 `--metrics-source prometheus` (the default when `prometheus` is on PATH) starts Prometheus through
 `cluster/prometheus.py`'s LocalPrometheus, with one file_sd target per pod labelled by `targets()` from the
@@ -82,11 +83,25 @@ def service(name: str, itl: float = 200) -> dict:
                              "outputTokens": 128, "requestsPerSecond": 0.5}}}
 
 
-STUB_METRICS = "\n".join([
-    "# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running 1",
-    "# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 0",
-    "# TYPE vllm:request_success counter", "vllm:request_success_total 10",
-    "# TYPE vllm:generation_tokens counter", "vllm:generation_tokens_total 1000", ""]).encode()
+def engine_exposition() -> bytes:
+    """What a real engine serves (its own `ServerMetrics`, some 640 series, most of them step-time buckets) after
+    steps at every batch-size bucket, speculating and not, and one request: Prometheus and the operator get
+    as many series per pod as from an engine on a cluster."""
+    from specfleet.engine.server.metrics import ServerMetrics
+    from specfleet.engine.stats import StepRecord
+
+    metrics = ServerMetrics("smollm2-135m")
+    for n in (1, 2, 3, 5, 9, 17, 33, 65, 129):
+        for speculating in (True, False):
+            metrics.observe_step(StepRecord(0.002 * n, n, 2 * n, n, 0, speculating))
+    metrics.first_token(0.2)
+    metrics.inter_token(0.02, 10)
+    metrics.finished("stop", 1.0)
+    return metrics.render()
+
+
+STUB_METRICS = engine_exposition()
+STUB_SERIES = sum(1 for line in STUB_METRICS.decode().splitlines() if line and not line.startswith("#"))
 
 
 class _Metrics(BaseHTTPRequestHandler):
@@ -650,7 +665,7 @@ def main() -> None:
               "count": args.count, "edits": args.edits, "repeats": args.repeats, "pods": args.pods,
               "setup": {"source": setup.source, "control_interval_s": setup.control_interval_s,
                         "scrape_interval_s": setup.scrape_interval_s if setup.source == "prometheus" else None,
-                        "idle_seconds": args.idle_seconds},
+                        "idle_seconds": args.idle_seconds, "stub_series_per_pod": STUB_SERIES},
               "wall_s": round(time.monotonic() - started, 1), "summary": summary(runs), "runs": runs}
     report(result, args.out)
 

@@ -1,6 +1,7 @@
 """Engine metrics in: a pod's Prometheus exposition, or its raw series from Prometheus, as one `Scrape`.
 
-- `parse_exposition(text, time)`: Prometheus text exposition -> `Scrape`.
+- `parse_exposition(text, time)`: Prometheus text exposition -> `Scrape`. Of a histogram outside
+  `window.BUCKETED` only the +Inf bucket (the count) and the sum are kept: nothing reads its other buckets.
 - `scrape_pods(endpoints)`: GET `/metrics` of every pod concurrently with a timeout; a pod that fails is
   left out (unknown), never reported as zeros.
 - `scrape_from_series(series, time)`: one pod's raw series as Prometheus returns them -> the same
@@ -11,13 +12,14 @@ The speculation switch (the loop's one write to a pod) is `speculation_switch.py
 from __future__ import annotations
 
 import asyncio
+import math
 import time as _time
 from typing import Mapping
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from specfleet.operator.control.window import Histogram, Scrape, series_key
+from specfleet.operator.control.window import BUCKETED, Histogram, Scrape, series_key
 
 SCRAPE_TIMEOUT_S = 3.0
 # vLLM labels every series with `engine`, the index of an engine core inside one server (data parallel);
@@ -44,7 +46,7 @@ def _add_sample(kind, name, labels, value, counters, gauges, buckets, sums) -> N
     if kind == "histogram":
         base, _, suffix = name.rpartition("_")
         key = series_key(base, labels)
-        if suffix == "bucket":
+        if suffix == "bucket" and keeps_bucket(base, float(labels["le"])):
             buckets.setdefault(key, {})[float(labels["le"])] = buckets.get(key, {}).get(float(labels["le"]), 0) + value
         elif suffix == "sum":
             sums[key] = sums.get(key, 0.0) + value
@@ -55,6 +57,12 @@ def _add_sample(kind, name, labels, value, counters, gauges, buckets, sums) -> N
     elif kind in ("gauge", "untyped", "unknown"):
         key = series_key(name, labels)
         gauges[key] = gauges.get(key, 0.0) + value
+
+
+def keeps_bucket(base: str, bound: float) -> bool:
+    """Whether a scrape keeps the bucket `bound` of histogram `base`: every bucket of those whose quantiles
+    a window reads (`BUCKETED`), the +Inf bucket (the count) of the others."""
+    return base in BUCKETED or math.isinf(bound)
 
 
 def _histograms(buckets: dict, sums: dict) -> dict[str, Histogram]:
@@ -102,6 +110,8 @@ def scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scra
         labels = {k: v for k, v in labels.items() if k in SERIES_LABELS}
         base = name.rpartition("_")[0]
         if "le" in labels:
+            if not keeps_bucket(base, float(labels["le"])):
+                continue
             key = series_key(base, labels)
             slot = buckets.setdefault(key, {})
             slot[float(labels["le"])] = slot.get(float(labels["le"]), 0.0) + value

@@ -8,6 +8,7 @@ import math
 import time
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 
 from prometheus_kit import running_prometheus
@@ -15,6 +16,7 @@ from specfleet.operator.control.sources import (FLEET_QUERY, SAMPLE_TIME_LABEL, 
                                                 DirectSource, PrometheusSource, series_query)
 from specfleet.operator.control.window import build_window
 from testkit import free_port
+from tests.control.exposition_kit import engine_exposition, serving
 
 NS, SERVICE = "prod", "chat"
 
@@ -62,6 +64,28 @@ async def test_prometheus_gives_the_scrapes_the_pods_give(tmp_path, fake_engine_
     assert window is not None and window.complete
     # Each stand-in starts one request a second per 0.5 rps; two pods: about 1 request a second.
     assert window.requests_per_second == pytest.approx(2 * engines[0].rps, rel=0.35)
+
+
+async def test_of_a_real_engine_prometheus_answers_only_the_series_a_scrape_keeps(tmp_path):
+    """A real engine exports some 640 series, two thirds of them step-time buckets nothing reads: the query
+    leaves them out, and the scrape is the one the pod itself gives."""
+    text = engine_exposition()
+    with serving(text) as url:
+        endpoints = {"chat-0": url}
+        with running_prometheus(tmp_path, scrape_config(endpoints)) as prometheus:
+            source = PrometheusSource(prometheus.url, max_age_s=0.0)
+            scrapes, _ = await scraped_by_prometheus(source, endpoints)
+            async with httpx.AsyncClient(timeout=10) as client:
+                answer = await source._query(client, FLEET_QUERY)
+        direct, _ = await DirectSource().scrape(NS, endpoints)
+    buckets = [(item["metric"]["__name__"], item["metric"]["le"]) for item in answer if "le" in item["metric"]]
+    ttft = "vllm:time_to_first_token_seconds_bucket"
+    assert sum(name == ttft for name, _ in buckets) == text.count(ttft + "{")
+    assert all(le == "+Inf" for name, le in buckets if not name.startswith(("vllm:time_to_first", "vllm:inter_token")))
+    exported = sum(1 for line in text.splitlines() if line and not line.startswith("#") and "_created" not in line)
+    assert exported > 600 and len(answer) < exported / 3
+    assert scrapes["chat-0"].histograms == direct["chat-0"].histograms
+    assert scrapes["chat-0"].counters == direct["chat-0"].counters
 
 
 async def test_one_query_serves_every_service_in_an_interval(tmp_path, fake_engine_pods):

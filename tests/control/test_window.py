@@ -4,9 +4,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from specfleet.operator.control.window import Histogram, Scrape, build_window, quantile, share_below
 from specfleet.operator.control.scrape import parse_exposition, scrape_from_series
+from tests.control.exposition_kit import engine_exposition
 
 EXPOSITION = """\
 # TYPE vllm:num_requests_waiting gauge
@@ -157,3 +159,20 @@ def test_the_draft_share_is_draft_tokens_per_k_sequence_steps_and_proposal_token
     assert w.draft_shares == pytest.approx((0.5, 0.4, 0.3))        # sum of min(L, j) / (j x proposals)
     old = build_window({"a": scrape(0)}, {"a": scrape(10)}, 1)          # an engine without the counters
     assert old.draft_share is None and old.draft_shares is None
+
+
+def test_a_scrape_keeps_every_bucket_of_the_latency_histograms_and_the_count_and_sum_of_the_others():
+    text = engine_exposition()
+    s = parse_exposition(text, 0.0)
+    ttft = s.histograms["vllm:time_to_first_token_seconds"]
+    assert len(ttft.bounds) == text.count("vllm:time_to_first_token_seconds_bucket{") > 10
+    step = s.histograms["specfleet:step_duration_seconds{batch_size_bucket=16,speculating=true}"]
+    assert step.bounds == (math.inf,) and step.count == 1 and step.sum == pytest.approx(0.018)
+    assert s.histograms["specfleet:batch_size"].count == 18 and s.histograms["specfleet:batch_size"].bounds == (math.inf,)
+    # The same series as Prometheus returns them make the same scrape, unread buckets or not.
+    series = [(name, labels, value) for family in text_string_to_metric_families(text)
+              for name, labels, value, *_ in family.samples if not name.endswith("_created")]
+    assert scrape_from_series(series, 0.0) == s
+    # The window reads the mean step of each bucket from the count and sum alone.
+    steps = build_window({"p": s}, {"p": parse_exposition(engine_exposition(rounds=3), 5.0)}, 1).steps
+    assert len(steps) == 18 and all(st.steps == 2 and st.seconds == pytest.approx(0.002 * st.batch) for st in steps)

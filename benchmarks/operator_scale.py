@@ -655,6 +655,8 @@ def main() -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     args = parse_args()
+    # SIGTERM unwinds like Ctrl-C, so each run's `finally` stops the processes it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     setup = Setup(args.metrics_source, args.control_interval, min(POD_MONITOR_INTERVAL_S, args.control_interval))
     started = time.monotonic()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

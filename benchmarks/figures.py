@@ -153,6 +153,7 @@ def repriced_line(d: dict) -> str:
 
 SCALE_5000 = "operator_scale_5000.json"
 SCALE_5000_PACED, SCALE_5000_PACED_BASE = "operator_scale_5000_paced.json", "operator_scale_5000_paced_base.json"
+SCALE_ENGINE, SCALE_ENGINE_BASE = "operator_scale_1000_engine_series.json", "operator_scale_1000_engine_series_base.json"
 SCALE_ROWS = [("all reconciled", "all_reconciled_seconds", 1, " s"), ("SLO edit p50", "edit_latency_p50_s", 3, " s"),
               ("SLO edit p99", "edit_latency_p99_s", 3, " s"),
               ("operator RSS peak", "operator_rss_peak_mib", 0, " MiB"),
@@ -329,6 +330,10 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("operator.scale_5000_paced", SCALE_5000_PACED, scale_table),
     Figure("operator.scale_5000_paced.provenance", SCALE_5000_PACED, provenance_line),
     Figure("operator.scale_5000_paced_base.provenance", SCALE_5000_PACED_BASE, provenance_line),
+    Figure("operator.scale_engine_series", SCALE_ENGINE, scale_table),
+    Figure("operator.scale_engine_series.provenance", SCALE_ENGINE, provenance_line),
+    Figure("operator.scale_engine_series_base", SCALE_ENGINE_BASE, scale_table),
+    Figure("operator.scale_engine_series_base.provenance", SCALE_ENGINE_BASE, provenance_line),
     Figure("operator.failover", FAILOVER, failover_table),
     Figure("operator.failover.provenance", FAILOVER, provenance_line),
     Figure("apiserver.table", APISERVER, apiserver_table),

@@ -15,7 +15,7 @@ Runs `specfleet cluster apiserver` and `specfleet operator run` as separate proc
 
 `--pods N` gives the first N services one Ready engine Pod each (the operator's pod labels, podIP 127.0.0.1, the
 container port of one stub HTTP server answering a static `/metrics` for every pod, the series a real engine
-exports (`engine_exposition`); the emulator runs no kubelet, so without it no service has a pod and the
+exports (`engine_exposition`; `--stub minimal`: the four series the tables before commit e3864b0 measured); the emulator runs no kubelet, so without it no service has a pod and the
 loops idle).
 
 `--metrics-source prometheus` (the default when `prometheus` is on PATH) starts Prometheus through
@@ -100,17 +100,28 @@ def engine_exposition() -> bytes:
     return metrics.render()
 
 
+# What the stub pods served before `e3864b0` (`--stub minimal`): four series, an engine with no histograms.
+MINIMAL_EXPOSITION = "\n".join([
+    "# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running 1",
+    "# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 0",
+    "# TYPE vllm:request_success counter", "vllm:request_success_total 10",
+    "# TYPE vllm:generation_tokens counter", "vllm:generation_tokens_total 1000", ""]).encode()
 STUB_METRICS = engine_exposition()
-STUB_SERIES = sum(1 for line in STUB_METRICS.decode().splitlines() if line and not line.startswith("#"))
+
+
+def series_in(exposition: bytes) -> int:
+    return sum(1 for line in exposition.decode().splitlines() if line and not line.startswith("#"))
 
 
 class _Metrics(BaseHTTPRequestHandler):
+    body = STUB_METRICS
+
     def do_GET(self) -> None:  # noqa: N802
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(STUB_METRICS)))
+        self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
-        self.wfile.write(STUB_METRICS)
+        self.wfile.write(self.body)
 
     def log_message(self, *args) -> None:
         pass
@@ -638,6 +649,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--settle-seconds", type=float, default=None,
                         help="Pause between the last SLO edit and the idle window (default: one control "
                              "interval + 5 s, so the edited services' next intervals are not counted as idle).")
+    parser.add_argument("--stub", choices=("engine", "minimal"), default="engine",
+                        help="What each stub pod's /metrics serves: a real engine's series (635, default), or the "
+                             "four series the tables measured before commit e3864b0 had.")
     parser.add_argument("--timeout", type=float, default=900, help="Give up on the burst after this many s.")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="py-spy (pip install py-spy) the emulator and the operator during the burst and the "
@@ -646,6 +660,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/operator_scale.json",
                         help="Where the JSON goes (default benchmarks/results/operator_scale.json).")
     args = parser.parse_args()
+    _Metrics.body = STUB_METRICS if args.stub == "engine" else MINIMAL_EXPOSITION
     if args.metrics_source == "prometheus" and not LocalPrometheus.binary():
         parser.error("--metrics-source prometheus: prometheus is not on PATH (Debian: apt-get install prometheus)")
     return args
@@ -667,7 +682,7 @@ def main() -> None:
               "count": args.count, "edits": args.edits, "repeats": args.repeats, "pods": args.pods,
               "setup": {"source": setup.source, "control_interval_s": setup.control_interval_s,
                         "scrape_interval_s": setup.scrape_interval_s if setup.source == "prometheus" else None,
-                        "idle_seconds": args.idle_seconds, "stub_series_per_pod": STUB_SERIES},
+                        "idle_seconds": args.idle_seconds, "stub_series_per_pod": series_in(_Metrics.body)},
               "wall_s": round(time.monotonic() - started, 1), "summary": summary(runs), "runs": runs}
     report(result, args.out)
 

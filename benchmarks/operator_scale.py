@@ -14,9 +14,9 @@ Runs `specfleet cluster apiserver` and `specfleet operator run` as separate proc
     `MetricsSource` condition of a sample of services (expected True/Prometheus, or True/DirectScrape).
 
 `--pods N` gives the first N services one Ready engine Pod each (the operator's pod labels, podIP 127.0.0.1, the
-container port of one stub HTTP server answering a static `/metrics` for every pod, the series a real engine
-exports (`engine_exposition`; `--stub minimal`: the four series the tables before commit e3864b0 measured); the emulator runs no kubelet, so without it no service has a pod and the
-loops idle).
+container port of one stub HTTP server answering a static `/metrics` for every pod: the series a real engine
+exports, `engine_exposition`; `--stub minimal` serves the four series the tables before commit e3864b0
+measured). The emulator runs no kubelet, so without it no service has a pod and the loops idle.
 
 `--metrics-source prometheus` (the default when `prometheus` is on PATH) starts Prometheus through
 `cluster/prometheus.py`'s LocalPrometheus, with one file_sd target per pod labelled by `targets()` from the

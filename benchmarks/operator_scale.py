@@ -83,17 +83,19 @@ def service(name: str, itl: float = 200) -> dict:
                              "outputTokens": 128, "requestsPerSecond": 0.5}}}
 
 
-def engine_exposition() -> bytes:
-    """What a real engine serves (its own `ServerMetrics`, some 640 series, most of them step-time buckets) after
-    steps at every batch-size bucket, speculating and not, and one request: Prometheus and the operator get
-    as many series per pod as from an engine on a cluster."""
+def engine_exposition(rounds: int = 1) -> bytes:
+    """What a real engine serves (its own `ServerMetrics`, 635 series, most of them step-time buckets) after
+    `rounds` steps at every batch-size bucket, speculating and not, and one request: Prometheus and the
+    operator get as many series per pod as from an engine on a cluster (tests/control/exposition_kit.py
+    serves it to the source tests too)."""
     from specfleet.engine.server.metrics import ServerMetrics
     from specfleet.engine.stats import StepRecord
 
     metrics = ServerMetrics("smollm2-135m")
-    for n in (1, 2, 3, 5, 9, 17, 33, 65, 129):
-        for speculating in (True, False):
-            metrics.observe_step(StepRecord(0.002 * n, n, 2 * n, n, 0, speculating))
+    for _ in range(rounds):
+        for n in (1, 2, 3, 5, 9, 17, 33, 65, 129):
+            for speculating in (True, False):
+                metrics.observe_step(StepRecord(0.002 * n, n, 2 * n, n, 0, speculating))
     metrics.first_token(0.2)
     metrics.inter_token(0.02, 10)
     metrics.finished("stop", 1.0)
@@ -660,7 +662,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/operator_scale.json",
                         help="Where the JSON goes (default benchmarks/results/operator_scale.json).")
     args = parser.parse_args()
-    _Metrics.body = STUB_METRICS if args.stub == "engine" else MINIMAL_EXPOSITION
     if args.metrics_source == "prometheus" and not LocalPrometheus.binary():
         parser.error("--metrics-source prometheus: prometheus is not on PATH (Debian: apt-get install prometheus)")
     return args
@@ -670,6 +671,7 @@ def main() -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     args = parse_args()
+    _Metrics.body = STUB_METRICS if args.stub == "engine" else MINIMAL_EXPOSITION
     # SIGTERM unwinds like Ctrl-C, so each run's `finally` stops the processes it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     setup = Setup(args.metrics_source, args.control_interval, min(POD_MONITOR_INTERVAL_S, args.control_interval))

@@ -169,7 +169,7 @@ class ServiceControl:
         sample (its `stale_after_s`; then it scrapes the pod directly, always a new sample): with a control
         interval shorter than a quarter of Prometheus's scrape interval, four intervals can end before the
         next sample, and a step on the old one (no window) restarts the idle period scale-to-zero counts."""
-        bound = max(AWAIT_SAMPLES_INTERVALS * self.config.interval_s, getattr(self.source, "stale_after_s", 0.0))
+        bound = max(AWAIT_SAMPLES_INTERVALS * self.config.interval_s, self.source.stale_after_s)
         return self.clock() - self.last_step < bound
 
     async def detect(self, body: dict, pods: list[EnginePod], replicas: Replicas | None,

@@ -77,6 +77,7 @@ class DirectSource:
     """Scrape each pod's `/metrics` (a pod that fails is left out, never reported as zeros)."""
 
     name = "direct"
+    stale_after_s = 0.0               # every scrape is a new sample: nothing to wait for
 
     def __init__(self, http: httpx.AsyncClient | None = None):
         self.http = http

@@ -1,27 +1,22 @@
-"""A real engine's metrics exposition (the engine's own `ServerMetrics`), for the tests of what the control
-loop reads of it."""
+"""A real engine's metrics exposition (`benchmarks/operator_scale.py`'s `engine_exposition`, from the engine's
+own `ServerMetrics`) and an HTTP server that serves it, for the tests of what the control loop reads."""
 from __future__ import annotations
 
-import itertools
+import sys
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Iterator
 
-from specfleet.engine.server.metrics import ServerMetrics
-from specfleet.engine.stats import StepRecord
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from operator_scale import engine_exposition as _exposition  # noqa: E402  (benchmarks/operator_scale.py)
 
 
 def engine_exposition(rounds: int = 1) -> str:
-    """What a real engine serves after `rounds` steps at every batch-size bucket, speculating and not, and a
-    request."""
-    metrics = ServerMetrics("m")
-    for _, n, speculating in itertools.product(range(rounds), (1, 2, 3, 5, 9, 17, 33, 65, 129), (True, False)):
-        metrics.observe_step(StepRecord(0.002 * n, n, 2 * n, n, 0, speculating))
-    metrics.first_token(0.2)
-    metrics.inter_token(0.02, 10)
-    metrics.finished("stop", 1.0)
-    return metrics.render().decode()
+    """What a real engine serves after `rounds` steps at every batch-size bucket, speculating and not."""
+    return _exposition(rounds).decode()
 
 
 @contextmanager

@@ -71,6 +71,8 @@ def run_intervals(body, monkeypatch, counts: list[tuple[float, float]]):
     class FedSource:
         """The pod's counters as `counts` gives them, one pair per interval."""
 
+        stale_after_s = 0.0
+
         async def scrape(self, namespace, endpoints):
             met, served = next(fed)
             return ({pod: Scrape(clock.t, counters={MET: met, SERVED: served}) for pod in endpoints},

@@ -61,6 +61,8 @@ def test_a_null_that_deletes_nothing_is_left_out_of_the_patch():
 class _Sampled:
     """A source whose one pod has a new sample at every call (an idle engine: counters unchanged)."""
 
+    stale_after_s = 0.0
+
     def __init__(self):
         self.t = 100.0
 

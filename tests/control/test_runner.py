@@ -105,6 +105,8 @@ def test_a_step_waits_for_each_pods_next_prometheus_sample_but_not_forever(body)
             return self.t
 
     class SampledEvery3s:
+        stale_after_s = 0.0
+
         def __init__(self, clock):
             self.clock = clock
 
@@ -125,7 +127,8 @@ def test_a_step_waits_for_each_pods_next_prometheus_sample_but_not_forever(body)
     assert stepped == [True, False, True, False, False, True, False]     # t = 100 | 102 | 105: new samples
     assert awaiting == [not s for s in stepped]
     ctl.source = type("Frozen", (), {"scrape": SampledEvery3s(Clock()).scrape,
-                                      "news": lambda self, namespace, endpoints, seen: False})()
+                                      "news": lambda self, namespace, endpoints, seen: False,
+                                      "stale_after_s": 0.0})()
     waits = [asyncio.run(ctl.interval(body, pods, (1, 1), "t")) is None for _ in range(3)]
     assert waits == [True, True, True] and ctl.news(pods, interval=True) is False
     clock.t += 4                                                           # four intervals without a sample
@@ -148,6 +151,7 @@ def test_a_detection_without_a_newer_sample_decides_nothing(body, monkeypatch):
 
     class Source:
         sampled = 100.0
+        stale_after_s = 0.0
 
         async def scrape(self, namespace, endpoints):
             return ({p: Scrape(self.sampled, counters={"vllm:generation_tokens": self.sampled}) for p in endpoints},

@@ -82,6 +82,8 @@ def scale_down_to_one(monkeypatch, kube):
     in_flight = {"chat-a": (6, 1), "chat-b": (0, 0), "chat-c": (2, 0)}
 
     class Source:
+        stale_after_s = 0.0
+
         async def scrape(self, namespace, endpoints):
             return ({pod: scrape(*in_flight[pod]) for pod in endpoints},
                     SourceReport("direct", "DirectScrape", "the test's in-flight counts", True))

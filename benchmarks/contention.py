@@ -11,7 +11,7 @@ closed-loop client code: `closed_loop.run_clients`), then holds each client coun
 default) for a short steady phase of copy-heavy prompts, and at 8 clients one of open-ended prompts first
 (benchmarks/speculation.py's, as the closed loop's trace sends them). Once a second it scrapes the pod's
 /metrics (parsed by the operator's own parser). Over each phase, after `--settle` seconds, each
-batch-size bucket of the engine's step-time histogram (`specfleet:step_duration_seconds`, with
+batch-size bucket of the engine's step-time summary (`specfleet:step_duration_seconds`, with
 `specfleet:step_seqs` and `specfleet:step_tokens`) gives the steps, their mean batch, tokens and time.
 The simulator's truth (`sim.truth.ProfileTruth` at the service's context, as sim/replay.py builds it)
 prices the same steps: a decode step's tokens (prompt tokens included) by the decode fit, a verifying

@@ -1,7 +1,8 @@
 """Engine metrics in: a pod's Prometheus exposition, or its raw series from Prometheus, as one `Scrape`.
 
 - `parse_exposition(text, time)`: Prometheus text exposition -> `Scrape`. Of a histogram outside
-  `window.BUCKETED` only the +Inf bucket (the count) and the sum are kept: nothing reads its other buckets.
+  `window.BUCKETED`, and of a summary, only the count (as the +Inf bucket) and the sum are kept: nothing
+  reads the other buckets or quantiles.
 - `scrape_pods(endpoints)`: GET `/metrics` of every pod concurrently with a timeout; a pod that fails is
   left out (unknown), never reported as zeros.
 - `scrape_from_series(series, time)`: one pod's raw series as Prometheus returns them -> the same
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specfleet.operator.control.window import BUCKETED, Histogram, Scrape, series_key
 
 SCRAPE_TIMEOUT_S = 3.0
+INF = math.inf
 # vLLM labels every series with `engine`, the index of an engine core inside one server (data parallel);
 # the control loop counts a pod as one, so its engines' series are summed as if the label were absent.
 POD_WIDE_LABELS = ("engine",)
@@ -33,36 +35,49 @@ def parse_exposition(text: str, at: float) -> Scrape:
     gauges: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_without_unread_buckets(text)):
         for s in family.samples:
             labels = {k: v for k, v in s.labels.items() if k not in POD_WIDE_LABELS}
-            _add_sample(family.type, s.name, labels, s.value, counters, gauges, buckets, sums)
+            _add_sample(family.type, family.name, s.name, labels, s.value, counters, gauges, buckets, sums)
     return Scrape(at, counters, gauges, _histograms(buckets, sums))
 
 
-def _add_sample(kind, name, labels, value, counters, gauges, buckets, sums) -> None:
+def _without_unread_buckets(text: str) -> str:
+    """`text` less the bucket lines a scrape leaves out (a quarter of the parse of a real engine's series)."""
+    read = tuple(f"{name}_bucket{{" for name in BUCKETED)
+    return "\n".join(line for line in text.split("\n") if "_bucket{" not in line or line.startswith(read))
+
+
+def _add_sample(kind, family, name, labels, value, counters, gauges, buckets, sums) -> None:
     if kind in ("untyped", "unknown") and name.endswith("_total"):
         kind = "counter"           # `# TYPE x counter` followed by `x_total` samples parses as untyped
-    if kind == "histogram":
-        base, _, suffix = name.rpartition("_")
-        key = series_key(base, labels)
-        if suffix == "bucket" and keeps_bucket(base, float(labels["le"])):
-            buckets.setdefault(key, {})[float(labels["le"])] = buckets.get(key, {}).get(float(labels["le"]), 0) + value
-        elif suffix == "sum":
-            sums[key] = sums.get(key, 0.0) + value
+    if kind in ("histogram", "summary"):
+        _add_distribution(family, name[len(family) + 1:], labels, value, buckets, sums)
     elif kind == "counter":
-        key = series_key(name.removesuffix("_total"), labels)
         if not name.endswith("_created"):
-            counters[key] = counters.get(key, 0.0) + value
+            _add(counters, series_key(name.removesuffix("_total"), labels), value)
     elif kind in ("gauge", "untyped", "unknown"):
-        key = series_key(name, labels)
-        gauges[key] = gauges.get(key, 0.0) + value
+        _add(gauges, series_key(name, labels), value)
 
 
-def keeps_bucket(base: str, bound: float) -> bool:
-    """Whether a scrape keeps the bucket `bound` of histogram `base`: every bucket of those whose quantiles
-    a window reads (`BUCKETED`), the +Inf bucket (the count) of the others."""
-    return base in BUCKETED or math.isinf(bound)
+def _add_distribution(base: str, suffix: str, labels: dict, value: float, buckets: dict, sums: dict) -> None:
+    """One sample of a histogram or summary: a bucket a window reads, or the count as the +Inf bucket where it
+    reads none; the sum. A summary's quantiles and every other bucket are left out."""
+    if suffix == "sum":
+        _add(sums, series_key(base, labels), value)
+    elif suffix == ("bucket" if reads_buckets(base) else "count"):
+        bound = float(labels["le"]) if suffix == "bucket" else INF
+        _add(buckets.setdefault(series_key(base, labels), {}), bound, value)
+
+
+def _add(into: dict, key, value: float) -> None:
+    into[key] = into.get(key, 0.0) + value
+
+
+def reads_buckets(base: str) -> bool:
+    """Whether a scrape keeps every bucket of histogram `base`: of those whose quantiles a window reads
+    (`BUCKETED`); of the others it keeps the count (as the +Inf bucket) and the sum."""
+    return base in BUCKETED
 
 
 def _histograms(buckets: dict, sums: dict) -> dict[str, Histogram]:
@@ -99,31 +114,24 @@ def scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scra
     """One pod's raw series from Prometheus (name, labels, value) -> the `Scrape` its exposition gives.
 
     Prometheus keeps no types, so they come from the names: series with an `le` label are histogram
-    buckets (and `<base>_sum` their sums), `_total` series are counters, the rest gauges.
+    buckets, `<base>_count` and `<base>_sum` together a histogram's or summary's count and sum,
+    `_total` series counters, the rest gauges.
     """
     counters: dict[str, float] = {}
     gauges: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
-    bases = {name.removesuffix("_bucket") for name, labels, _ in series if "le" in labels}
+    names = {name for name, _, _ in series}
     for name, labels, value in series:
         labels = {k: v for k, v in labels.items() if k in SERIES_LABELS}
-        base = name.rpartition("_")[0]
-        if "le" in labels:
-            if not keeps_bucket(base, float(labels["le"])):
-                continue
-            key = series_key(base, labels)
-            slot = buckets.setdefault(key, {})
-            slot[float(labels["le"])] = slot.get(float(labels["le"]), 0.0) + value
-        elif base in bases:
-            if name.endswith("_sum"):
-                sums[series_key(base, labels)] = sums.get(series_key(base, labels), 0.0) + value
-        elif name.endswith("_total"):
-            key = series_key(name.removesuffix("_total"), labels)
-            counters[key] = counters.get(key, 0.0) + value
+        base, _, suffix = name.rpartition("_")
+        if suffix == "bucket" and "le" in labels or \
+                suffix in ("count", "sum") and {f"{base}_count", f"{base}_sum"} <= names:
+            _add_distribution(base, suffix, labels, value, buckets, sums)
+        elif suffix == "total":
+            _add(counters, series_key(base, labels), value)
         else:
-            key = series_key(name, labels)
-            gauges[key] = gauges.get(key, 0.0) + value
+            _add(gauges, series_key(name, labels), value)
     return Scrape(at, counters, gauges, _histograms(buckets, sums))
 
 

@@ -5,7 +5,7 @@
   is younger than `max_age_s`. Each pod carries its sample time (`timestamp()`), so a pod whose samples
   are older than `stale_after_s`, that Prometheus does not have, or whose series hold NaN is scraped
   directly instead, and Prometheus down means every pod is. A refresh asks first for every pod's sample
-  time, then for the series of the pods sampled since the last snapshot only, and keeps the others'
+  time, then for the series of the pods sampled since the last snapshot only (by name), and keeps the others'
   scrapes (Prometheus scrapes pods at offsets spread over its interval, so each refresh finds some pods
   newer and most not). Windows come out the same from either source: the raw counters, gauges and
   histograms, stamped with the time they were sampled.
@@ -20,47 +20,59 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 import httpx
 
 from specfleet.operator.control import telemetry
 from specfleet.operator.control.window import BUCKETED, Scrape
 from specfleet.operator.control.scrape import SERIES_LABELS
-from specfleet.operator.control.scrape import SCRAPE_TIMEOUT_S, scrape_pods, scrape_from_series
+from specfleet.operator.control.scrape import scrape_pods, scrape_from_series
 
 log = logging.getLogger("specfleet.operator.control")
 
-ENGINE_SERIES = '{__name__=~"vllm:.*|specfleet:.*",inferenceservice!=""}'
-# The buckets a `Scrape` drops (`scrape.keeps_bucket`), left out of the answer too: with them a real engine pod
-# came to some 640 series, without them under 200. `unless` matches on (name, bound) alone: without `on`, set
-# operators ignore the metric name, and another histogram's bucket at the same bound would go as well.
-UNREAD_BUCKETS = ('{__name__=~"(vllm|specfleet):.*_bucket",__name__!~"'
-                  + "|".join(f"{name}_bucket" for name in BUCKETED) + '",le!="+Inf",inferenceservice!=""}')
-KEPT_SERIES = f"({ENGINE_SERIES} unless on (__name__, le) {UNREAD_BUCKETS})"
+SERVED = 'inferenceservice!=""'
 SAMPLE_TIME_LABEL = "specfleet_sample"
-# The query API stamps values with the evaluation time, which says nothing about how old the data is: a
-# pod's sample time is the timestamp of one series every engine exports.
-SAMPLED = 'timestamp(vllm:num_requests_running{inferenceservice!=""})'
-SAMPLE_TIMES_QUERY = f"max by (namespace, pod) ({SAMPLED})"
 # Each series comes with only the labels a `Scrape` keeps (`scrape_from_series` sums over the others, as
 # the `sum` does): the target labels Prometheus adds (job, instance, the service's...) made most of the
 # answer, and decoding it most of an idle operator's CPU.
 _BY = ", ".join(("__name__", "namespace", "pod", *SERIES_LABELS))
-SINCE_SLACK_S = 0.001                   # sample times are whole milliseconds: `since` a hair early is exact
 
 
-def series_query(since: float | None = None) -> str:
-    """Every engine series a `Scrape` keeps and, as one more series per pod, its sample time; only of the
-    pods sampled at or after `since` (wall-clock seconds) when given."""
-    newer = "" if since is None else f" >= {since!r}"
-    recent = "" if since is None else f" and on (namespace, pod) ({SAMPLED}{newer})"
-    return (f'sum by ({_BY}) ({KEPT_SERIES}{recent}) or label_replace(max by (namespace, pod) '
-            f'({SAMPLED}{newer}), "{SAMPLE_TIME_LABEL}", "time", "", "")')
+def kept_series(matchers: str = "") -> str:
+    """The engine series a `Scrape` keeps, named by selectors: every one but buckets, and the buckets of the
+    histograms a window reads (`BUCKETED`). A set operator filtering every series (`unless`) cost Prometheus
+    more CPU than the smaller answer saved. `matchers`: more label matchers, each after a comma."""
+    bucketed = "|".join(f"{name}_bucket" for name in BUCKETED)
+    return (f'{{__name__=~"(vllm|specfleet):.*",__name__!~".*_bucket",{SERVED}{matchers}}} or '
+            f'{{__name__=~"{bucketed}",{SERVED}{matchers}}}')
+
+
+def sampled(matchers: str = "") -> str:
+    """Each pod's sample time. The query API stamps values with the evaluation time, which says nothing of
+    how old the data is: a pod's sample time is the timestamp of one series every engine exports."""
+    return f'max by (namespace, pod) (timestamp(vllm:num_requests_running{{{SERVED}{matchers}}}))'
+
+
+def series_query(pods: Collection[str] | None = None) -> str:
+    """Every engine series a `Scrape` keeps and, as one more series per pod, its sample time; of the pods
+    named when given. Pods are selected by name in every namespace (a name elsewhere costs a few series and
+    is kept only if newer): a selector reads the named pods' series alone, where a filter after it (`and`)
+    read every pod's."""
+    # A pod name is a DNS subdomain: of its characters only "." means more in a regex (escaped once for the
+    # regex, once more for the PromQL string).
+    names = "|".join(sorted(pod.replace(".", r"\\.") for pod in pods or ()))
+    matchers = "" if pods is None else f',pod=~"{names}"'
+    return (f'sum by ({_BY}) ({kept_series(matchers)}) or '
+            f'label_replace({sampled(matchers)}, "{SAMPLE_TIME_LABEL}", "time", "", "")')
 
 
 FLEET_QUERY = series_query()
+SAMPLE_TIMES_QUERY = sampled()
 DEFAULT_STALE_AFTER_S = 60.0            # four missed scrapes at the PodMonitor's 15 s
+# One query answers for every pod, so it may take longer than one pod's scrape (`scrape.SCRAPE_TIMEOUT_S`):
+# giving up on it means scraping every pod directly, which costs the operator far more than the wait.
+QUERY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,7 @@ class PrometheusSource:
     name = "prometheus"
 
     def __init__(self, url: str, http: httpx.AsyncClient | None = None, max_age_s: float = 5.0,
-                 stale_after_s: float = DEFAULT_STALE_AFTER_S, timeout: float = SCRAPE_TIMEOUT_S,
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S, timeout: float = QUERY_TIMEOUT_S,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
         self.url, self.http, self.timeout = url.rstrip("/"), http, timeout
         self.max_age_s, self.stale_after_s, self.clock, self.wall = max_age_s, stale_after_s, clock, wall
@@ -160,14 +172,13 @@ class PrometheusSource:
         try:
             client = self.http or httpx.AsyncClient(timeout=self.timeout)
             try:
-                times, since = None, None
+                times, newer = None, None
                 if before is not None:
                     times = _sample_times(await self._query(client, SAMPLE_TIMES_QUERY))
-                    newer = [t for key, t in times.items() if before.sampled.get(key) != t]
+                    newer = {pod for (namespace, pod), t in times.items() if before.sampled.get((namespace, pod)) != t}
                     if not newer:
                         return self._parse(taken, [], times)
-                    since = min(newer) - SINCE_SLACK_S
-                result = await self._query(client, series_query(since))
+                result = await self._query(client, series_query(newer))
             finally:
                 if self.http is None:
                     await client.aclose()
@@ -176,7 +187,8 @@ class PrometheusSource:
         return self._parse(taken, result, times)
 
     async def _query(self, client: httpx.AsyncClient, query: str) -> list[dict]:
-        response = await client.get(f"{self.url}/api/v1/query", params={"query": query}, timeout=self.timeout)
+        # POST: a query naming a thousand pods is longer than some proxies take in a URL.
+        response = await client.post(f"{self.url}/api/v1/query", data={"query": query}, timeout=self.timeout)
         response.raise_for_status()
         body = response.json()
         if body.get("status") != "success":

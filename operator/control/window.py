@@ -30,9 +30,9 @@ E2E, ENDED = "vllm:e2e_request_latency_seconds", "vllm:request_success"
 BATCH_SIZE, STEP_TIME = "specfleet:batch_size", "specfleet:step_duration_seconds"
 STEP_SEQS, STEP_TOKENS = "specfleet:step_seqs", "specfleet:step_tokens"
 SPEC_ENABLED, SPEC_K = "specfleet:speculation_enabled", "specfleet:num_speculative_tokens"
-# The histograms whose buckets a window reads (p99, the share under a target). Of every other one it reads
-# the count and sum alone, so a scrape keeps just its +Inf bucket: a real engine's step-time histograms
-# (a batch-size bucket by speculating or not, 24 bounds each) are two thirds of its series.
+# The histograms whose buckets a window reads (p99, the share under a target). Of every other histogram,
+# and of the step-time summary, it reads the count and sum alone, so a scrape keeps just those (the count as
+# the +Inf bucket): the others' buckets are a fifth of a real engine's series.
 BUCKETED = (TTFT, ITL)
 
 

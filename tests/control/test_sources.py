@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
 
 from prometheus_kit import running_prometheus
-from specfleet.operator.control.sources import (FLEET_QUERY, SAMPLE_TIME_LABEL, SAMPLE_TIMES_QUERY, SINCE_SLACK_S,
-                                                DirectSource, PrometheusSource, series_query)
+from specfleet.operator.control.sources import (FLEET_QUERY, SAMPLE_TIME_LABEL, SAMPLE_TIMES_QUERY, DirectSource,
+                                                PrometheusSource, series_query)
 from specfleet.operator.control.window import build_window
 from testkit import free_port
 from tests.control.exposition_kit import engine_exposition, serving
@@ -67,8 +67,8 @@ async def test_prometheus_gives_the_scrapes_the_pods_give(tmp_path, fake_engine_
 
 
 async def test_of_a_real_engine_prometheus_answers_only_the_series_a_scrape_keeps(tmp_path):
-    """A real engine exports some 640 series, two thirds of them step-time buckets nothing reads: the query
-    leaves them out, and the scrape is the one the pod itself gives."""
+    """Of a real engine's series the query leaves out the buckets nothing reads (all but those of TTFT and
+    ITL), and the scrape is the one the pod itself gives."""
     text = engine_exposition()
     with serving(text) as url:
         endpoints = {"chat-0": url}
@@ -78,14 +78,29 @@ async def test_of_a_real_engine_prometheus_answers_only_the_series_a_scrape_keep
             async with httpx.AsyncClient(timeout=10) as client:
                 answer = await source._query(client, FLEET_QUERY)
         direct, _ = await DirectSource().scrape(NS, endpoints)
-    buckets = [(item["metric"]["__name__"], item["metric"]["le"]) for item in answer if "le" in item["metric"]]
-    ttft = "vllm:time_to_first_token_seconds_bucket"
-    assert sum(name == ttft for name, _ in buckets) == text.count(ttft + "{")
-    assert all(le == "+Inf" for name, le in buckets if not name.startswith(("vllm:time_to_first", "vllm:inter_token")))
-    exported = sum(1 for line in text.splitlines() if line and not line.startswith("#") and "_created" not in line)
-    assert exported > 600 and len(answer) < exported / 3
+    read = ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket")
+    buckets = {item["metric"]["__name__"] for item in answer if "le" in item["metric"]}
+    assert buckets == set(read)
+    for name in read:
+        assert sum(item["metric"].get("__name__") == name for item in answer) == text.count(name + "{") > 10
+    exported = [line for line in text.splitlines() if line and not line.startswith("#")]
+    unread = [line for line in exported if "_bucket{" in line and not line.startswith(read)]
+    assert len(answer) == len(exported) - len(unread) + 1 and unread      # + each pod's sample time
     assert scrapes["chat-0"].histograms == direct["chat-0"].histograms
     assert scrapes["chat-0"].counters == direct["chat-0"].counters
+
+
+async def test_a_query_naming_pods_answers_those_pods_alone(tmp_path, fake_engine_pods):
+    """A refresh names the pods sampled since the last one; a "." in a name matches itself only."""
+    _, stand_ins = fake_engine_pods(3)
+    endpoints = dict(zip(("chat.1", "chatx1", "chat-2"), stand_ins.values()))
+    with running_prometheus(tmp_path, scrape_config(endpoints)) as prometheus:
+        source = PrometheusSource(prometheus.url, max_age_s=0.0)
+        await scraped_by_prometheus(source, endpoints)
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await source._query(client, series_query({"chat.1", "chat-2"}))
+    assert {item["metric"]["pod"] for item in answer} == {"chat.1", "chat-2"}
+    assert sum(SAMPLE_TIME_LABEL in item["metric"] for item in answer) == 2
 
 
 async def test_one_query_serves_every_service_in_an_interval(tmp_path, fake_engine_pods):
@@ -190,7 +205,7 @@ async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot()
     asked: list[str] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
-        asked.append(request.url.params["query"])
+        asked.append(parse_qs(request.content.decode())["query"][0])
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector",
                                                                        "result": next(answers)}})
 
@@ -200,7 +215,7 @@ async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot()
         second = await source.fleet()
         third = await source.fleet()
     assert asked[0] == FLEET_QUERY and asked[1] == SAMPLE_TIMES_QUERY and asked[3] == SAMPLE_TIMES_QUERY
-    assert asked[2] == series_query(9_995.0 - SINCE_SLACK_S) and ">= 9994.999" in asked[2]
+    assert asked[2] == series_query({"b"}) and 'pod=~"b"' in asked[2]
     assert source.queries == 4
     assert second.scrapes[(NS, "a")] is first.scrapes[(NS, "a")]
     assert second.scrapes[(NS, "b")].counters == {"vllm:generation_tokens": 9.0}

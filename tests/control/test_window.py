@@ -173,6 +173,22 @@ def test_a_scrape_keeps_every_bucket_of_the_latency_histograms_and_the_count_and
     series = [(name, labels, value) for family in text_string_to_metric_families(text)
               for name, labels, value, *_ in family.samples if not name.endswith("_created")]
     assert scrape_from_series(series, 0.0) == s
+    # An older engine exported the step time as a histogram: its count and sum make the same scrape.
+    assert parse_exposition(_as_histogram(text, "specfleet:step_duration_seconds"), 0.0) == s
     # The window reads the mean step of each bucket from the count and sum alone.
     steps = build_window({"p": s}, {"p": parse_exposition(engine_exposition(rounds=3), 5.0)}, 1).steps
     assert len(steps) == 18 and all(st.steps == 2 and st.seconds == pytest.approx(0.002 * st.batch) for st in steps)
+
+
+def _as_histogram(text: str, summary: str) -> str:
+    """`text` with summary `summary` typed a histogram, each count also written as its +Inf bucket and one
+    finite bucket."""
+    out = []
+    for line in text.splitlines():
+        if line == f"# TYPE {summary} summary":
+            line = f"# TYPE {summary} histogram"
+        elif line.startswith(f"{summary}_count{{"):
+            labels, value = line[len(summary) + 7:].rsplit("} ", 1)
+            out += [f'{summary}_bucket{{{labels},le="0.5"}} {value}', f'{summary}_bucket{{{labels},le="+Inf"}} {value}']
+        out.append(line)
+    return "\n".join(out) + "\n"

@@ -5,10 +5,11 @@
   is younger than `max_age_s`. Each pod carries its sample time (`timestamp()`), so a pod whose samples
   are older than `stale_after_s`, that Prometheus does not have, or whose series hold NaN is scraped
   directly instead, and Prometheus down means every pod is. A refresh asks first for every pod's sample
-  time, then for the series of the pods sampled since the last snapshot only (by name), and keeps the others'
-  scrapes (Prometheus scrapes pods at offsets spread over its interval, so each refresh finds some pods
-  newer and most not). Windows come out the same from either source: the raw counters, gauges and
-  histograms, stamped with the time they were sampled.
+  time, then for the digest (a sum of its values) of the pods sampled since the last snapshot, then for
+  the series of those whose digest moved, by name, and keeps the others' scrapes (Prometheus scrapes pods
+  at offsets spread over its interval, so each refresh finds some pods newer and most not; an idle pod's
+  values do not move, and its scrape is only restamped with the new sample time). Windows come out the
+  same from either source: the raw counters, gauges and histograms, stamped with the time they were sampled.
 
 `SourceReport` says which source served a step and why; the runner puts it in a `MetricsSource`
 condition and the operator's `specfleet_metrics_source` gauge.
@@ -19,7 +20,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Mapping
 
 import httpx
@@ -32,7 +33,7 @@ from specfleet.operator.control.scrape import scrape_pods, scrape_from_series
 log = logging.getLogger("specfleet.operator.control")
 
 SERVED = 'inferenceservice!=""'
-SAMPLE_TIME_LABEL = "specfleet_sample"
+PER_POD_LABEL = "specfleet_pod"
 # Each series comes with only the labels a `Scrape` keeps (`scrape_from_series` sums over the others, as
 # the `sum` does): the target labels Prometheus adds (job, instance, the service's...) made most of the
 # answer, and decoding it most of an idle operator's CPU.
@@ -44,8 +45,11 @@ def kept_series(matchers: str = "") -> str:
     histograms a window reads (`BUCKETED`). A set operator filtering every series (`unless`) cost Prometheus
     more CPU than the smaller answer saved. `matchers`: more label matchers, each after a comma."""
     bucketed = "|".join(f"{name}_bucket" for name in BUCKETED)
-    return (f'{{__name__=~"(vllm|specfleet):.*",__name__!~".*_bucket",{SERVED}{matchers}}} or '
-            f'{{__name__=~"{bucketed}",{SERVED}{matchers}}}')
+    return f'{_unbucketed(matchers)} or {{__name__=~"{bucketed}",{SERVED}{matchers}}}'
+
+
+def _unbucketed(matchers: str) -> str:
+    return f'{{__name__=~"(vllm|specfleet):.*",__name__!~".*_bucket",{SERVED}{matchers}}}'
 
 
 def sampled(matchers: str = "") -> str:
@@ -55,20 +59,40 @@ def sampled(matchers: str = "") -> str:
 
 
 def series_query(pods: Collection[str] | None = None) -> str:
-    """Every engine series a `Scrape` keeps and, as one more series per pod, its sample time; of the pods
-    named when given. Pods are selected by name in every namespace (a name elsewhere costs a few series and
-    is kept only if newer): a selector reads the named pods' series alone, where a filter after it (`and`)
-    read every pod's."""
-    # A pod name is a DNS subdomain: of its characters only "." means more in a regex (escaped once for the
-    # regex, once more for the PromQL string).
-    names = "|".join(sorted(pod.replace(".", r"\\.") for pod in pods or ()))
-    matchers = "" if pods is None else f',pod=~"{names}"'
-    return (f'sum by ({_BY}) ({kept_series(matchers)}) or '
-            f'label_replace({sampled(matchers)}, "{SAMPLE_TIME_LABEL}", "time", "", "")')
+    """Every engine series a `Scrape` keeps and, as two more series per pod, its sample time and digest; of
+    the pods named when given."""
+    matchers = "" if pods is None else _named(pods)
+    return f"sum by ({_BY}) ({kept_series(matchers)}) or {_per_pod(matchers)}"
+
+
+def digest_query(pods: Collection[str]) -> str:
+    """The sample time and digest of the pods named."""
+    return _per_pod(_named(pods))
+
+
+def _per_pod(matchers: str) -> str:
+    """Each pod's sample time and digest, told apart by `PER_POD_LABEL` ("time", "digest"). The digest is
+    the sum of the pod's values but buckets (a bucket moves only with its histogram's count): it is the same
+    from one sample to the next while they are, as an idle engine's are, so a refresh need not fetch them.
+    Only a change whose parts cancel exactly in the sum, with no counter moving, would pass unseen."""
+    digest = f"sum by (namespace, pod) ({_unbucketed(matchers)})"
+    return f'{_labelled(sampled(matchers), "time")} or {_labelled(digest, "digest")}'
+
+
+def _labelled(per_pod: str, what: str) -> str:
+    return f'label_replace({per_pod}, "{PER_POD_LABEL}", "{what}", "", "")'
+
+
+def _named(pods: Collection[str]) -> str:
+    """A matcher of the pods by name, in every namespace (a name elsewhere costs a few series, and only the
+    pods asked for are read): a selector reads the named pods' series alone, where a filter after it (`and`)
+    read every pod's. A pod name is a DNS subdomain: of its characters only "." means more in a regex
+    (escaped once for the regex, once more for the PromQL string)."""
+    return ',pod=~"' + "|".join(sorted(pod.replace(".", r"\\.") for pod in pods)) + '"'
 
 
 FLEET_QUERY = series_query()
-SAMPLE_TIMES_QUERY = sampled()
+SAMPLE_TIMES_QUERY = _labelled(sampled(), "time")
 DEFAULT_STALE_AFTER_S = 60.0            # four missed scrapes at the PodMonitor's 15 s
 # One query answers for every pod, so it may take longer than one pod's scrape (`scrape.SCRAPE_TIMEOUT_S`):
 # giving up on it means scraping every pod directly, which costs the operator far more than the wait.
@@ -112,6 +136,7 @@ class Snapshot:
     sampled: dict[tuple[str, str], float]         # wall-clock sample time per pod
     dropped_nan: frozenset[tuple[str, str]]
     error: str | None = None
+    digests: dict[tuple[str, str], float] = field(default_factory=dict)   # per pod, of its sample (`_per_pod`)
 
 
 class PrometheusSource:
@@ -165,26 +190,31 @@ class PrometheusSource:
             return self.snapshot
 
     async def _refresh(self) -> Snapshot:
-        """Every pod's sample time, then the series of those sampled since the last good snapshot (of every
-        pod when there is none)."""
+        """Every pod's sample time; of the pods sampled since the last good snapshot, the digest; then the
+        series of those whose digest moved (of every pod when there is no snapshot). A pod whose digest did
+        not move keeps its scrape at the new sample time: what its series would give."""
         taken = self.clock()
         before = self.snapshot if self.snapshot is not None and self.snapshot.error is None else None
         try:
             client = self.http or httpx.AsyncClient(timeout=self.timeout)
             try:
-                times, newer = None, None
-                if before is not None:
-                    times = _sample_times(await self._query(client, SAMPLE_TIMES_QUERY))
-                    newer = {pod for (namespace, pod), t in times.items() if before.sampled.get((namespace, pod)) != t}
-                    if not newer:
-                        return self._parse(taken, [], times)
-                result = await self._query(client, series_query(newer))
+                if before is None:
+                    return self._parse(taken, await self._query(client, FLEET_QUERY))
+                times = _per_pod_values(await self._query(client, SAMPLE_TIMES_QUERY), "time")
+                newer = {key for key, t in times.items() if before.sampled.get(key) != t}
+                held = {key[1] for key in newer if key in before.scrapes}
+                digests = await self._query(client, digest_query(held)) if held else []
+                times.update(_per_pod_values(digests, "time"))
+                still = {key for key, d in _per_pod_values(digests, "digest").items()
+                         if key in newer and key in before.scrapes and before.digests.get(key) == d}
+                moved = {key[1] for key in newer if key not in still}
+                result = await self._query(client, series_query(moved)) if moved else []
+                return self._parse(taken, digests + result, times, still)
             finally:
                 if self.http is None:
                     await client.aclose()
         except (httpx.HTTPError, httpx.InvalidURL, KeyError, ValueError, TypeError) as exc:
             return Snapshot(taken, {}, {}, frozenset(), error=f"{type(exc).__name__}: {str(exc)[:200]}")
-        return self._parse(taken, result, times)
 
     async def _query(self, client: httpx.AsyncClient, query: str) -> list[dict]:
         # POST: a query naming a thousand pods is longer than some proxies take in a URL.
@@ -197,15 +227,21 @@ class PrometheusSource:
         telemetry.PROMETHEUS_QUERIES.labels("ok").inc()
         return body["data"]["result"]
 
-    def _parse(self, taken: float, result: list[dict], times: dict[tuple[str, str], float] | None = None) -> Snapshot:
+    def _parse(self, taken: float, result: list[dict], times: dict[tuple[str, str], float] | None = None,
+               still: Collection[tuple[str, str]] = ()) -> Snapshot:
         """Series grouped by pod; a pod with any NaN or infinite sample is dropped whole. `times`: every pod's
         sample time, where `result` holds only the pods sampled since the last snapshot. A pod whose sample
         time is the one the previous snapshot had keeps that snapshot's `Scrape`, or its NaN (the same
-        sample: the same values, and the same time, which a step reads as no new sample)."""
-        sampled = {**(times or {}), **_sample_times(result)}
+        sample: the same values, and the same time, which a step reads as no new sample). A pod in `still`
+        (sampled anew, its series unmoved) keeps that `Scrape`'s values at its new sample time."""
+        sampled = {**(times or {}), **_per_pod_values(result, "time")}
         before = self.snapshot if self.snapshot is not None and self.snapshot.error is None else None
+        offset = self.clock() - self.wall()           # wall-clock sample time -> this process's monotonic clock
         same = {key for key, t in sampled.items() if before is not None and before.sampled.get(key) == t}
         kept = {key: before.scrapes[key] for key in same if key in before.scrapes}
+        kept.update({key: replace(before.scrapes[key], time=sampled[key] + offset) for key in still})
+        digests = {key: before.digests[key] for key in same if key in before.digests} if before is not None else {}
+        digests.update(_per_pod_values(result, "digest"))
         nan = {key for key in same if key in before.dropped_nan} if before is not None else set()
         series: dict[tuple[str, str], list[tuple[str, dict, float]]] = {}
         for item in result:
@@ -218,10 +254,9 @@ class PrometheusSource:
             else:
                 metric = {k: v for k, v in item["metric"].items() if k not in ("namespace", "pod", "__name__")}
                 series.setdefault(key, []).append((item["metric"].get("__name__", ""), metric, value))
-        offset = self.clock() - self.wall()           # wall-clock sample time -> this process's monotonic clock
         scrapes = {key: scrape_from_series(rows, sampled[key] + offset)
                    for key, rows in series.items() if key in sampled and key not in nan}
-        return Snapshot(taken, {**kept, **scrapes}, sampled, frozenset(nan))
+        return Snapshot(taken, {**kept, **scrapes}, sampled, frozenset(nan), digests=digests)
 
     def _split(self, snap: Snapshot, namespace: str, endpoints: Mapping[str, str]
                ) -> tuple[dict[str, Scrape], list[str]]:
@@ -253,11 +288,11 @@ class PrometheusSource:
         self.last_error = error
 
 
-def _sample_times(result: list[dict]) -> dict[tuple[str, str], float]:
-    """{(namespace, pod): wall-clock sample time} of a query's per-pod sample-time series: those without a
-    metric name (`max by` and `label_replace` drop it; every engine series keeps its own)."""
-    return {key: float(item["value"][1]) for item in result
-            if (key := _pod_of(item.get("metric") or {})) is not None and "__name__" not in item["metric"]}
+def _per_pod_values(result: list[dict], what: str) -> dict[tuple[str, str], float]:
+    """{(namespace, pod): value} of a query's per-pod series of one kind (`_per_pod`: "time", the wall-clock
+    sample time, or "digest")."""
+    return {key: float(item["value"][1]) for item in result if (item.get("metric") or {}).get(PER_POD_LABEL) == what
+            and (key := _pod_of(item["metric"])) is not None}
 
 
 def _pod_of(metric: dict) -> tuple[str, str] | None:

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from prometheus_kit import running_prometheus
-from specfleet.operator.control.sources import (FLEET_QUERY, SAMPLE_TIME_LABEL, SAMPLE_TIMES_QUERY, DirectSource,
-                                                PrometheusSource, series_query)
+from specfleet.operator.control.sources import (FLEET_QUERY, PER_POD_LABEL, SAMPLE_TIMES_QUERY, DirectSource,
+                                                PrometheusSource, digest_query, series_query)
 from specfleet.operator.control.window import build_window
 from testkit import free_port
 from tests.control.exposition_kit import engine_exposition, serving
@@ -85,7 +85,7 @@ async def test_of_a_real_engine_prometheus_answers_only_the_series_a_scrape_keep
         assert sum(item["metric"].get("__name__") == name for item in answer) == text.count(name + "{") > 10
     exported = [line for line in text.splitlines() if line and not line.startswith("#")]
     unread = [line for line in exported if "_bucket{" in line and not line.startswith(read)]
-    assert len(answer) == len(exported) - len(unread) + 1 and unread      # + each pod's sample time
+    assert len(answer) == len(exported) - len(unread) + 2 and unread      # + the pod's sample time and digest
     assert scrapes["chat-0"].histograms == direct["chat-0"].histograms
     assert scrapes["chat-0"].counters == direct["chat-0"].counters
 
@@ -100,7 +100,38 @@ async def test_a_query_naming_pods_answers_those_pods_alone(tmp_path, fake_engin
         async with httpx.AsyncClient(timeout=10) as client:
             answer = await source._query(client, series_query({"chat.1", "chat-2"}))
     assert {item["metric"]["pod"] for item in answer} == {"chat.1", "chat-2"}
-    assert sum(SAMPLE_TIME_LABEL in item["metric"] for item in answer) == 2
+    assert sum(item["metric"].get(PER_POD_LABEL) == "time" for item in answer) == 2
+
+
+async def test_a_pod_whose_series_did_not_move_keeps_its_scrape_at_the_new_sample_time(tmp_path, fake_engine_pods):
+    """An idle engine's series stay as they were from one sample to the next: a refresh asks the newer pods'
+    digests and fetches the series of those that moved alone; the idle pod's scrape is the one a fetch
+    would give."""
+    _, busy = fake_engine_pods(1)
+    with serving(engine_exposition()) as idle_url:
+        endpoints = {"idle": idle_url, "busy": next(iter(busy.values()))}
+        with running_prometheus(tmp_path, scrape_config(endpoints)) as prometheus:
+            source = PrometheusSource(prometheus.url, max_age_s=0.0)
+            await scraped_by_prometheus(source, endpoints)
+            first = source.snapshot
+            await asyncio.sleep(2.5)                        # both scraped again (every 1 s)
+            asked: list[str] = []
+            query = source._query
+
+            async def spy(client, text):
+                asked.append(text)
+                return await query(client, text)
+            source._query = spy
+            second = await source.fleet()
+            source.snapshot = None
+            fetched = await source.fleet()                  # every pod's series, as a first refresh asks
+    idle, busy_pod = (NS, "idle"), (NS, "busy")
+    assert all(second.sampled[key] > first.sampled[key] for key in (idle, busy_pod))
+    assert asked == [SAMPLE_TIMES_QUERY, digest_query({"idle", "busy"}), series_query({"busy"}), FLEET_QUERY]
+    assert second.scrapes[idle].time > first.scrapes[idle].time
+    kept, new = second.scrapes[idle], fetched.scrapes[idle]
+    assert (kept.counters, kept.gauges, kept.histograms) == (new.counters, new.gauges, new.histograms)
+    assert second.scrapes[busy_pod].counters != first.scrapes[busy_pod].counters
 
 
 async def test_one_query_serves_every_service_in_an_interval(tmp_path, fake_engine_pods):
@@ -152,7 +183,7 @@ def vector(pod: str, sampled: float, value: str = "7", namespace: str = NS) -> l
     labels = {"namespace": namespace, "pod": pod, "inferenceservice": SERVICE, "model_name": "m"}
     return [{"metric": {"__name__": "vllm:generation_tokens_total", **labels}, "value": [sampled + 1, value]},
             {"metric": {"__name__": "vllm:num_requests_running", **labels}, "value": [sampled + 1, "2"]},
-            {"metric": {**labels, SAMPLE_TIME_LABEL: "time"}, "value": [sampled + 1, str(sampled)]}]
+            {"metric": {**labels, PER_POD_LABEL: "time"}, "value": [sampled + 1, str(sampled)]}]
 
 
 def test_samples_carry_their_own_time_on_this_process_clock():
@@ -191,17 +222,22 @@ def test_a_pod_sampled_no_later_keeps_its_scrape_so_a_step_sees_no_new_sample():
     assert third.scrapes == {(NS, "a"): first.scrapes[(NS, "a")]}
 
 
-async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot():
+async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot_whose_digest_moved():
     """Prometheus scrapes pods at offsets spread over its interval: a refresh asks every pod's sample time,
-    then the series of the newer pods alone, and keeps the rest; with none newer, it asks nothing more."""
-    import httpx
+    then the newer pods' digests, then the series of those whose digest moved alone; an unmoved pod keeps its
+    scrape at its new sample time, and with none newer nothing more is asked."""
+    def per_pod(what: str, **values: float) -> list[dict]:
+        return [{"metric": {"namespace": NS, "pod": pod, PER_POD_LABEL: what}, "value": [0, str(v)]}
+                for pod, v in values.items()]
 
-    def times(**sampled: float) -> list[dict]:
-        return [{"metric": {"namespace": NS, "pod": pod}, "value": [0, str(t)]} for pod, t in sampled.items()]
-
-    answers = iter([vector("a", 9_990.0) + vector("b", 9_990.0),            # the first snapshot: every pod
-                    times(a=9_990.0, b=9_995.0), vector("b", 9_995.0, "9"),  # b newer: its series alone
-                    times(a=9_990.0, b=9_995.0)])                          # nothing newer: nothing more
+    first = vector("a", 9_990.0) + vector("b", 9_990.0) + per_pod("digest", a=9.0, b=9.0)
+    answers = iter([first,                                                       # every pod
+                    per_pod("time", a=9_990.0, b=9_995.0),                       # b newer
+                    per_pod("time", b=9_995.0) + per_pod("digest", b=11.0),      # and it moved
+                    vector("b", 9_995.0, "9") + per_pod("digest", b=11.0),       # so its series alone
+                    per_pod("time", a=9_990.0, b=9_995.0),                       # nothing newer: nothing more
+                    per_pod("time", a=10_000.0, b=9_995.0),                      # a newer
+                    per_pod("time", a=10_000.0) + per_pod("digest", a=9.0)])     # unmoved: no series
     asked: list[str] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -210,16 +246,20 @@ async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot()
                                                                        "result": next(answers)}})
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-        source = PrometheusSource("http://prometheus", http, max_age_s=0.0, wall=lambda: 10_000.0)
-        first = await source.fleet()
-        second = await source.fleet()
-        third = await source.fleet()
-    assert asked[0] == FLEET_QUERY and asked[1] == SAMPLE_TIMES_QUERY and asked[3] == SAMPLE_TIMES_QUERY
-    assert asked[2] == series_query({"b"}) and 'pod=~"b"' in asked[2]
-    assert source.queries == 4
+        source = PrometheusSource("http://prometheus", http, max_age_s=0.0, clock=lambda: 100.0,
+                                  wall=lambda: 10_001.0)
+        snaps = [await source.fleet() for _ in range(4)]
+    assert asked == [FLEET_QUERY, SAMPLE_TIMES_QUERY, digest_query({"b"}), series_query({"b"}),
+                     SAMPLE_TIMES_QUERY, SAMPLE_TIMES_QUERY, digest_query({"a"})]
+    assert 'pod=~"b"' in asked[3] and source.queries == 7
+    first, second, third, fourth = snaps
     assert second.scrapes[(NS, "a")] is first.scrapes[(NS, "a")]
     assert second.scrapes[(NS, "b")].counters == {"vllm:generation_tokens": 9.0}
+    assert second.digests == {(NS, "a"): 9.0, (NS, "b"): 11.0}
     assert third.scrapes == second.scrapes and third.sampled == second.sampled
+    a_then, a_now = third.scrapes[(NS, "a")], fourth.scrapes[(NS, "a")]
+    assert a_now.time == pytest.approx(a_then.time + 10) and a_now.counters == a_then.counters
+    assert fourth.scrapes[(NS, "b")] is third.scrapes[(NS, "b")] and fourth.digests == second.digests
 
 
 def test_a_pod_whose_samples_were_nan_stays_dropped_until_it_is_sampled_again():

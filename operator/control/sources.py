@@ -6,7 +6,8 @@
   are older than `stale_after_s`, that Prometheus does not have, or whose series hold NaN is scraped
   directly instead, and Prometheus down means every pod is. A refresh asks first for every pod's sample
   time, then for the digest (a sum of its values) of the pods sampled since the last snapshot, then for
-  the series of those whose digest moved, by name, and keeps the others' scrapes (Prometheus scrapes pods
+  the series of those whose digest moved, by name, a hundred pods to a query, parsed in a thread (a big
+  answer would hold up every handler), and keeps the others' scrapes (Prometheus scrapes pods
   at offsets spread over its interval, so each refresh finds some pods newer and most not; an idle pod's
   values do not move, and its scrape is only restamped with the new sample time). Windows come out the
   same from either source: the raw counters, gauges and histograms, stamped with the time they were sampled.
@@ -91,8 +92,10 @@ def _named(pods: Collection[str]) -> str:
     return ',pod=~"' + "|".join(sorted(pod.replace(".", r"\\.") for pod in pods)) + '"'
 
 
-FLEET_QUERY = series_query()
 SAMPLE_TIMES_QUERY = _labelled(sampled(), "time")
+# The series of this many pods to a query: decoding an answer holds up every handler, and a hundred pods'
+# answer takes about a tenth of a second to decode (the parse runs in a thread).
+PODS_PER_QUERY = 100
 DEFAULT_STALE_AFTER_S = 60.0            # four missed scrapes at the PodMonitor's 15 s
 # One query answers for every pod, so it may take longer than one pod's scrape (`scrape.SCRAPE_TIMEOUT_S`):
 # giving up on it means scraping every pod directly, which costs the operator far more than the wait.
@@ -191,30 +194,33 @@ class PrometheusSource:
 
     async def _refresh(self) -> Snapshot:
         """Every pod's sample time; of the pods sampled since the last good snapshot, the digest; then the
-        series of those whose digest moved (of every pod when there is no snapshot). A pod whose digest did
-        not move keeps its scrape at the new sample time: what its series would give."""
+        series of those whose digest moved (of every pod when there is no snapshot), `PODS_PER_QUERY` pods
+        to a query. A pod whose digest did not move keeps its scrape at the new sample time: what its series
+        would give."""
         taken = self.clock()
         before = self.snapshot if self.snapshot is not None and self.snapshot.error is None else None
         try:
             client = self.http or httpx.AsyncClient(timeout=self.timeout)
             try:
-                if before is None:
-                    return self._parse(taken, await self._query(client, FLEET_QUERY))
                 times = _per_pod_values(await self._query(client, SAMPLE_TIMES_QUERY), "time")
-                newer = {key for key, t in times.items() if before.sampled.get(key) != t}
-                held = {key[1] for key in newer if key in before.scrapes}
-                digests = await self._query(client, digest_query(held)) if held else []
-                times.update(_per_pod_values(digests, "time"))
-                still = {key for key, d in _per_pod_values(digests, "digest").items()
-                         if key in newer and key in before.scrapes and before.digests.get(key) == d}
-                moved = {key[1] for key in newer if key not in still}
-                result = await self._query(client, series_query(moved)) if moved else []
-                return self._parse(taken, digests + result, times, still)
+                newer = {key for key, t in times.items() if before is None or before.sampled.get(key) != t}
+                still: set[tuple[str, str]] = set()
+                result = []
+                if held := {key for key in newer if before is not None and key in before.scrapes}:
+                    result = await self._query(client, digest_query({pod for _, pod in held}))
+                    times.update(_per_pod_values(result, "time"))
+                    still = {key for key, d in _per_pod_values(result, "digest").items()
+                             if key in held and before.digests.get(key) == d}
+                moved = sorted({pod for namespace, pod in newer if (namespace, pod) not in still})
+                for first in range(0, len(moved), PODS_PER_QUERY):
+                    result += await self._query(client, series_query(moved[first:first + PODS_PER_QUERY]))
             finally:
                 if self.http is None:
                     await client.aclose()
         except (httpx.HTTPError, httpx.InvalidURL, KeyError, ValueError, TypeError) as exc:
             return Snapshot(taken, {}, {}, frozenset(), error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        # In a thread: a thousand pods' series are a second of Python, which would hold up every handler.
+        return await asyncio.to_thread(self._parse, taken, result, times, still)
 
     async def _query(self, client: httpx.AsyncClient, query: str) -> list[dict]:
         # POST: a query naming a thousand pods is longer than some proxies take in a URL.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from urllib.parse import parse_qs, urlparse
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from prometheus_kit import running_prometheus
-from specfleet.operator.control.sources import (FLEET_QUERY, PER_POD_LABEL, SAMPLE_TIMES_QUERY, DirectSource,
+from specfleet.operator.control.sources import (PER_POD_LABEL, PODS_PER_QUERY, SAMPLE_TIMES_QUERY, DirectSource,
                                                 PrometheusSource, digest_query, series_query)
 from specfleet.operator.control.window import build_window
 from testkit import free_port
@@ -76,7 +77,7 @@ async def test_of_a_real_engine_prometheus_answers_only_the_series_a_scrape_keep
             source = PrometheusSource(prometheus.url, max_age_s=0.0)
             scrapes, _ = await scraped_by_prometheus(source, endpoints)
             async with httpx.AsyncClient(timeout=10) as client:
-                answer = await source._query(client, FLEET_QUERY)
+                answer = await source._query(client, series_query())
         direct, _ = await DirectSource().scrape(NS, endpoints)
     read = ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket")
     buckets = {item["metric"]["__name__"] for item in answer if "le" in item["metric"]}
@@ -127,19 +128,21 @@ async def test_a_pod_whose_series_did_not_move_keeps_its_scrape_at_the_new_sampl
             fetched = await source.fleet()                  # every pod's series, as a first refresh asks
     idle, busy_pod = (NS, "idle"), (NS, "busy")
     assert all(second.sampled[key] > first.sampled[key] for key in (idle, busy_pod))
-    assert asked == [SAMPLE_TIMES_QUERY, digest_query({"idle", "busy"}), series_query({"busy"}), FLEET_QUERY]
+    assert asked == [SAMPLE_TIMES_QUERY, digest_query({"idle", "busy"}), series_query({"busy"}),
+                     SAMPLE_TIMES_QUERY, series_query({"idle", "busy"})]
     assert second.scrapes[idle].time > first.scrapes[idle].time
     kept, new = second.scrapes[idle], fetched.scrapes[idle]
     assert (kept.counters, kept.gauges, kept.histograms) == (new.counters, new.gauges, new.histograms)
     assert second.scrapes[busy_pod].counters != first.scrapes[busy_pod].counters
 
 
-async def test_one_query_serves_every_service_in_an_interval(tmp_path, fake_engine_pods):
+async def test_one_refresh_serves_every_service_in_an_interval(tmp_path, fake_engine_pods):
     _, endpoints = fake_engine_pods(2)
     with running_prometheus(tmp_path, scrape_config(endpoints)) as prometheus:
+        await scraped_by_prometheus(PrometheusSource(prometheus.url), endpoints)
         source = PrometheusSource(prometheus.url, max_age_s=30.0)
         await asyncio.gather(*(source.scrape(NS, {pod: url}) for _ in range(10) for pod, url in endpoints.items()))
-    assert source.queries == 1
+    assert source.queries == 2                                     # the sample times, then the series
 
 
 async def test_prometheus_down_falls_back_to_the_pods_and_comes_back(tmp_path, fake_engine_pods):
@@ -231,7 +234,7 @@ async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot_w
                 for pod, v in values.items()]
 
     first = vector("a", 9_990.0) + vector("b", 9_990.0) + per_pod("digest", a=9.0, b=9.0)
-    answers = iter([first,                                                       # every pod
+    answers = iter([per_pod("time", a=9_990.0, b=9_990.0), first,               # every pod
                     per_pod("time", a=9_990.0, b=9_995.0),                       # b newer
                     per_pod("time", b=9_995.0) + per_pod("digest", b=11.0),      # and it moved
                     vector("b", 9_995.0, "9") + per_pod("digest", b=11.0),       # so its series alone
@@ -249,9 +252,9 @@ async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot_w
         source = PrometheusSource("http://prometheus", http, max_age_s=0.0, clock=lambda: 100.0,
                                   wall=lambda: 10_001.0)
         snaps = [await source.fleet() for _ in range(4)]
-    assert asked == [FLEET_QUERY, SAMPLE_TIMES_QUERY, digest_query({"b"}), series_query({"b"}),
-                     SAMPLE_TIMES_QUERY, SAMPLE_TIMES_QUERY, digest_query({"a"})]
-    assert 'pod=~"b"' in asked[3] and source.queries == 7
+    assert asked == [SAMPLE_TIMES_QUERY, series_query({"a", "b"}), SAMPLE_TIMES_QUERY, digest_query({"b"}),
+                     series_query({"b"}), SAMPLE_TIMES_QUERY, SAMPLE_TIMES_QUERY, digest_query({"a"})]
+    assert 'pod=~"b"' in asked[4] and source.queries == 8
     first, second, third, fourth = snaps
     assert second.scrapes[(NS, "a")] is first.scrapes[(NS, "a")]
     assert second.scrapes[(NS, "b")].counters == {"vllm:generation_tokens": 9.0}
@@ -260,6 +263,28 @@ async def test_a_refresh_fetches_only_the_pods_sampled_since_the_last_snapshot_w
     a_then, a_now = third.scrapes[(NS, "a")], fourth.scrapes[(NS, "a")]
     assert a_now.time == pytest.approx(a_then.time + 10) and a_now.counters == a_then.counters
     assert fourth.scrapes[(NS, "b")] is third.scrapes[(NS, "b")] and fourth.digests == second.digests
+
+
+async def test_series_are_fetched_a_hundred_pods_to_a_query():
+    """Decoding an answer holds up every handler: the first refresh of 250 pods asks their series in three
+    queries, each naming at most `PODS_PER_QUERY` pods, every pod once."""
+    pods = [f"chat-{i:03d}" for i in range(250)]
+    named: list[list[str]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        query = parse_qs(request.content.decode())["query"][0]
+        if query == SAMPLE_TIMES_QUERY:
+            result = [{"metric": {"namespace": NS, "pod": pod, PER_POD_LABEL: "time"}, "value": [0, "9990"]}
+                      for pod in pods]
+        else:
+            named.append(re.search(r'pod=~"([^"]*)"', query).group(1).split("|"))
+            result = [item for pod in named[-1] for item in vector(pod, 9_990.0)]
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        snap = await PrometheusSource("http://prometheus", http, wall=lambda: 10_000.0).fleet()
+    assert [len(names) for names in named] == [PODS_PER_QUERY, PODS_PER_QUERY, 50]
+    assert sorted(pod for names in named for pod in names) == pods and len(snap.scrapes) == 250
 
 
 def test_a_pod_whose_samples_were_nan_stays_dropped_until_it_is_sampled_again():

@@ -154,6 +154,9 @@ def repriced_line(d: dict) -> str:
 SCALE_5000 = "operator_scale_5000.json"
 SCALE_5000_PACED, SCALE_5000_PACED_BASE = "operator_scale_5000_paced.json", "operator_scale_5000_paced_base.json"
 SCALE_ENGINE, SCALE_ENGINE_BASE = "operator_scale_1000_engine_series.json", "operator_scale_1000_engine_series_base.json"
+SCALE_5000_ENGINE = "operator_scale_5000_engine_series.json"
+STEP_SUMMARY, STEP_SUMMARY_BASE = "operator_scale_1000_step_summary.json", "operator_scale_1000_step_summary_base.json"
+DIGESTS, DIGESTS_BASE = "operator_scale_1000_digests.json", "operator_scale_1000_digests_base.json"
 SCALE_ROWS = [("all reconciled", "all_reconciled_seconds", 1, " s"), ("SLO edit p50", "edit_latency_p50_s", 3, " s"),
               ("SLO edit p99", "edit_latency_p99_s", 3, " s"),
               ("operator RSS peak", "operator_rss_peak_mib", 0, " MiB"),
@@ -330,6 +333,16 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("operator.scale_5000_paced", SCALE_5000_PACED, scale_table),
     Figure("operator.scale_5000_paced.provenance", SCALE_5000_PACED, provenance_line),
     Figure("operator.scale_5000_paced_base.provenance", SCALE_5000_PACED_BASE, provenance_line),
+    Figure("operator.scale_5000_engine_series", SCALE_5000_ENGINE, scale_table),
+    Figure("operator.scale_5000_engine_series.provenance", SCALE_5000_ENGINE, provenance_line),
+    Figure("operator.step_summary", STEP_SUMMARY, scale_table),
+    Figure("operator.step_summary.provenance", STEP_SUMMARY, provenance_line),
+    Figure("operator.step_summary_base", STEP_SUMMARY_BASE, scale_table),
+    Figure("operator.step_summary_base.provenance", STEP_SUMMARY_BASE, provenance_line),
+    Figure("operator.digests", DIGESTS, scale_table),
+    Figure("operator.digests.provenance", DIGESTS, provenance_line),
+    Figure("operator.digests_base", DIGESTS_BASE, scale_table),
+    Figure("operator.digests_base.provenance", DIGESTS_BASE, provenance_line),
     Figure("operator.scale_engine_series", SCALE_ENGINE, scale_table),
     Figure("operator.scale_engine_series.provenance", SCALE_ENGINE, provenance_line),
     Figure("operator.scale_engine_series_base", SCALE_ENGINE_BASE, scale_table),

@@ -84,7 +84,7 @@ def service(name: str, itl: float = 200) -> dict:
 
 
 def engine_exposition(rounds: int = 1) -> bytes:
-    """What a real engine serves (its own `ServerMetrics`, 635 series, most of them step-time buckets) after
+    """What a real engine serves (its own `ServerMetrics`: 203 series, 635 before the step time was a summary) after
     `rounds` steps at every batch-size bucket, speculating and not, and one request: Prometheus and the
     operator get as many series per pod as from an engine on a cluster (tests/control/exposition_kit.py
     serves it to the source tests too)."""
@@ -563,7 +563,11 @@ def measure(fleet: Processes, engine: ThreadingHTTPServer, samplers: dict[str, P
         result |= engine_pods(fleet, engine, with_pods, setup, progress)
     time.sleep(2)
     say("SLO edits")
+    profiler = Profiler(args.profile, {"emulator": fleet.apiserver.pid, "operator": fleet.operator.pid},
+                        f"{label}-edits") if args.profile else None
     result |= edits(fleet, args.count, args.edits, progress)
+    if profiler is not None:
+        result["edits_profile"] = profiler.stop()
     say("idle fleet")
     # The edits' reconciles, and the next interval of each edited service (its conditions for the new
     # generation), end before the idle window.
@@ -652,13 +656,14 @@ def parse_args() -> argparse.Namespace:
                         help="Pause between the last SLO edit and the idle window (default: one control "
                              "interval + 5 s, so the edited services' next intervals are not counted as idle).")
     parser.add_argument("--stub", choices=("engine", "minimal"), default="engine",
-                        help="What each stub pod's /metrics serves: a real engine's series (635, default), or the "
-                             "four series the tables measured before commit e3864b0 had.")
+                        help="What each stub pod's /metrics serves: a real engine's series (default; 635 before "
+                             "commit 2ebfa81, 203 from it), or the four series the tables measured before commit "
+                             "e3864b0 had.")
     parser.add_argument("--timeout", type=float, default=900, help="Give up on the burst after this many s.")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                        help="py-spy (pip install py-spy) the emulator and the operator during the burst and the "
-                             "idle window: collapsed stacks in DIR, hot spots in the JSON. Costs CPU: not for "
-                             "figures.")
+                        help="py-spy (pip install py-spy) the emulator and the operator during the burst, the SLO "
+                             "edits and the idle window: collapsed stacks in DIR, hot spots in the JSON. Costs "
+                             "CPU: not for figures.")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/operator_scale.json",
                         help="Where the JSON goes (default benchmarks/results/operator_scale.json).")
     args = parser.parse_args()

@@ -23,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from specfleet.operator.control.window import BUCKETED, Histogram, Scrape, series_key
 
 SCRAPE_TIMEOUT_S = 3.0
-INF = math.inf
 # vLLM labels every series with `engine`, the index of an engine core inside one server (data parallel);
 # the control loop counts a pod as one, so its engines' series are summed as if the label were absent.
 POD_WIDE_LABELS = ("engine",)
@@ -43,7 +42,7 @@ def parse_exposition(text: str, at: float) -> Scrape:
 
 
 def _without_unread_buckets(text: str) -> str:
-    """`text` less the bucket lines a scrape leaves out (a quarter of the parse of a real engine's series)."""
+    """`text` less the bucket lines a scrape leaves out, so the parser never reads them."""
     read = tuple(f"{name}_bucket{{" for name in BUCKETED)
     return "\n".join(line for line in text.split("\n") if "_bucket{" not in line or line.startswith(read))
 
@@ -66,7 +65,7 @@ def _add_distribution(base: str, suffix: str, labels: dict, value: float, bucket
     if suffix == "sum":
         _add(sums, series_key(base, labels), value)
     elif suffix == ("bucket" if reads_buckets(base) else "count"):
-        bound = float(labels["le"]) if suffix == "bucket" else INF
+        bound = float(labels["le"]) if suffix == "bucket" else math.inf
         _add(buckets.setdefault(series_key(base, labels), {}), bound, value)
 
 
@@ -122,11 +121,11 @@ def scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scra
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
     names = {name for name, _, _ in series}
+    counted = {name[:-6] for name in names if name.endswith("_count") and f"{name[:-6]}_sum" in names}
     for name, labels, value in series:
         labels = {k: v for k, v in labels.items() if k in SERIES_LABELS}
         base, _, suffix = name.rpartition("_")
-        if suffix == "bucket" and "le" in labels or \
-                suffix in ("count", "sum") and {f"{base}_count", f"{base}_sum"} <= names:
+        if suffix == "bucket" and "le" in labels or suffix in ("count", "sum") and base in counted:
             _add_distribution(base, suffix, labels, value, buckets, sums)
         elif suffix == "total":
             _add(counters, series_key(base, labels), value)

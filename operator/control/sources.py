@@ -63,15 +63,15 @@ def series_query(pods: Collection[str] | None = None) -> str:
     """Every engine series a `Scrape` keeps and, as two more series per pod, its sample time and digest; of
     the pods named when given."""
     matchers = "" if pods is None else _named(pods)
-    return f"sum by ({_BY}) ({kept_series(matchers)}) or {_per_pod(matchers)}"
+    return f"sum by ({_BY}) ({kept_series(matchers)}) or {_per_pod_series(matchers)}"
 
 
 def digest_query(pods: Collection[str]) -> str:
     """The sample time and digest of the pods named."""
-    return _per_pod(_named(pods))
+    return _per_pod_series(_named(pods))
 
 
-def _per_pod(matchers: str) -> str:
+def _per_pod_series(matchers: str) -> str:
     """Each pod's sample time and digest, told apart by `PER_POD_LABEL` ("time", "digest"). The digest is
     the sum of the pod's values but buckets (a bucket moves only with its histogram's count): it is the same
     from one sample to the next while they are, as an idle engine's are, so a refresh need not fetch them.
@@ -93,11 +93,11 @@ def _named(pods: Collection[str]) -> str:
 
 
 SAMPLE_TIMES_QUERY = _labelled(sampled(), "time")
-# The series of this many pods to a query: decoding an answer holds up every handler, and a hundred pods'
-# answer takes about a tenth of a second to decode (the parse runs in a thread).
+# The series of this many pods to a query: decoding an answer holds up every handler (the parse after it runs
+# in a thread), so no answer holds a whole fleet's.
 PODS_PER_QUERY = 100
 DEFAULT_STALE_AFTER_S = 60.0            # four missed scrapes at the PodMonitor's 15 s
-# One query answers for every pod, so it may take longer than one pod's scrape (`scrape.SCRAPE_TIMEOUT_S`):
+# A query answers for many pods, so it may take longer than one pod's scrape (`scrape.SCRAPE_TIMEOUT_S`):
 # giving up on it means scraping every pod directly, which costs the operator far more than the wait.
 QUERY_TIMEOUT_S = 10.0
 
@@ -139,7 +139,7 @@ class Snapshot:
     sampled: dict[tuple[str, str], float]         # wall-clock sample time per pod
     dropped_nan: frozenset[tuple[str, str]]
     error: str | None = None
-    digests: dict[tuple[str, str], float] = field(default_factory=dict)   # per pod, of its sample (`_per_pod`)
+    digests: dict[tuple[str, str], float] = field(default_factory=dict)   # of each pod's sample
 
 
 class PrometheusSource:
@@ -202,14 +202,13 @@ class PrometheusSource:
         try:
             client = self.http or httpx.AsyncClient(timeout=self.timeout)
             try:
-                times = _per_pod_values(await self._query(client, SAMPLE_TIMES_QUERY), "time")
+                times = _per_pod_values(await self._query(client, SAMPLE_TIMES_QUERY))["time"]
                 newer = {key for key, t in times.items() if before is None or before.sampled.get(key) != t}
                 still: set[tuple[str, str]] = set()
                 result = []
                 if held := {key for key in newer if before is not None and key in before.scrapes}:
                     result = await self._query(client, digest_query({pod for _, pod in held}))
-                    times.update(_per_pod_values(result, "time"))
-                    still = {key for key, d in _per_pod_values(result, "digest").items()
+                    still = {key for key, d in _per_pod_values(result)["digest"].items()
                              if key in held and before.digests.get(key) == d}
                 moved = sorted({pod for namespace, pod in newer if (namespace, pod) not in still})
                 for first in range(0, len(moved), PODS_PER_QUERY):
@@ -219,7 +218,7 @@ class PrometheusSource:
                     await client.aclose()
         except (httpx.HTTPError, httpx.InvalidURL, KeyError, ValueError, TypeError) as exc:
             return Snapshot(taken, {}, {}, frozenset(), error=f"{type(exc).__name__}: {str(exc)[:200]}")
-        # In a thread: a thousand pods' series are a second of Python, which would hold up every handler.
+        # In a thread: parsing a fleet's series on the event loop would hold up every handler.
         return await asyncio.to_thread(self._parse, taken, result, times, still)
 
     async def _query(self, client: httpx.AsyncClient, query: str) -> list[dict]:
@@ -240,14 +239,15 @@ class PrometheusSource:
         time is the one the previous snapshot had keeps that snapshot's `Scrape`, or its NaN (the same
         sample: the same values, and the same time, which a step reads as no new sample). A pod in `still`
         (sampled anew, its series unmoved) keeps that `Scrape`'s values at its new sample time."""
-        sampled = {**(times or {}), **_per_pod_values(result, "time")}
+        per_pod = _per_pod_values(result)      # the answers' sample times (newer than `times`) and digests
+        sampled = {**(times or {}), **per_pod["time"]}
         before = self.snapshot if self.snapshot is not None and self.snapshot.error is None else None
         offset = self.clock() - self.wall()           # wall-clock sample time -> this process's monotonic clock
         same = {key for key, t in sampled.items() if before is not None and before.sampled.get(key) == t}
         kept = {key: before.scrapes[key] for key in same if key in before.scrapes}
         kept.update({key: replace(before.scrapes[key], time=sampled[key] + offset) for key in still})
         digests = {key: before.digests[key] for key in same if key in before.digests} if before is not None else {}
-        digests.update(_per_pod_values(result, "digest"))
+        digests.update(per_pod["digest"])
         nan = {key for key in same if key in before.dropped_nan} if before is not None else set()
         series: dict[tuple[str, str], list[tuple[str, dict, float]]] = {}
         for item in result:
@@ -294,11 +294,15 @@ class PrometheusSource:
         self.last_error = error
 
 
-def _per_pod_values(result: list[dict], what: str) -> dict[tuple[str, str], float]:
-    """{(namespace, pod): value} of a query's per-pod series of one kind (`_per_pod`: "time", the wall-clock
-    sample time, or "digest")."""
-    return {key: float(item["value"][1]) for item in result if (item.get("metric") or {}).get(PER_POD_LABEL) == what
-            and (key := _pod_of(item["metric"])) is not None}
+def _per_pod_values(result: list[dict]) -> dict[str, dict[tuple[str, str], float]]:
+    """A query's per-pod series (`_per_pod_series`) by kind: {"time": {(namespace, pod): wall-clock sample
+    time}, "digest": {(namespace, pod): digest}}, in one pass over the answer."""
+    kinds: dict[str, dict[tuple[str, str], float]] = {"time": {}, "digest": {}}
+    for item in result:
+        metric = item.get("metric") or {}
+        if metric.get(PER_POD_LABEL) in kinds and (key := _pod_of(metric)) is not None:
+            kinds[metric[PER_POD_LABEL]][key] = float(item["value"][1])
+    return kinds
 
 
 def _pod_of(metric: dict) -> tuple[str, str] | None:

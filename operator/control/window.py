@@ -32,7 +32,7 @@ STEP_SEQS, STEP_TOKENS = "specfleet:step_seqs", "specfleet:step_tokens"
 SPEC_ENABLED, SPEC_K = "specfleet:speculation_enabled", "specfleet:num_speculative_tokens"
 # The histograms whose buckets a window reads (p99, the share under a target). Of every other histogram,
 # and of the step-time summary, it reads the count and sum alone, so a scrape keeps just those (the count as
-# the +Inf bucket): the others' buckets are a fifth of a real engine's series.
+# the +Inf bucket): the others' buckets are under a quarter of a real engine's series.
 BUCKETED = (TTFT, ITL)
 
 

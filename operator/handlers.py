@@ -25,6 +25,7 @@ import httpx
 import kopf
 
 from specfleet.operator import api, render, status
+from specfleet.operator.threads import in_control_thread
 from specfleet.operator.control import adapter_sync, discovery, loop, runner, scale_from_zero, scheduler, sources
 from specfleet.operator.control.runner import now_iso
 from specfleet.operator.control.scrape import SCRAPE_TIMEOUT_S
@@ -64,7 +65,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     memo.cold_starts = {}           # (namespace, name) -> (monotonic wake-up, held requests), shared by all
 
     async def publish_step(body: dict, outcome: runner.ControlOutcome) -> None:
-        await asyncio.to_thread(publish, memo.kube, body, outcome)
+        await in_control_thread(publish, memo.kube, body, outcome)
 
     memo.adapters = adapter_sync.AdapterSync(memo.kube, memo.http)
     memo.scheduler = scheduler.ControlScheduler(memo.engines, publish_step, after_interval=memo.adapters.run)

@@ -14,7 +14,8 @@ so a hung API server would block a handler (and its worker thread) forever inste
 kopf's retry.
 
 Responses the operator does not read are drained (`_release`), so their connections go back to the
-pool; the pool holds as many connections as there are threads that call it (`connection_pool_size`): kopf's handler workers and asyncio's default executor (`asyncio.to_thread`). The
+pool; the pool holds as many connections as there are threads that call it (`connection_pool_size`): kopf's
+handler workers, asyncio's default executor (`asyncio.to_thread`) and the control loop's (`threads.py`). The
 client's own default, five per CPU, is 10 on two CPUs; with more callers than that, every call beyond it
 opened a new TCP connection and threw it away afterwards.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specfleet.operator.api import GROUP, PLURAL, VERSION
+from specfleet.operator.threads import CONTROL_THREADS
 
 MERGE = "application/merge-patch+json"
 EVENT_SOURCE = "specfleet-operator"
@@ -36,9 +38,9 @@ HANDLER_WORKERS = 16            # kopf's `settings.execution.max_workers` (handl
 
 
 def connection_pool_size(workers: int = HANDLER_WORKERS, cpus: int | None = None) -> int:
-    """Connections to keep to the API server: one per thread that may call it at once, kopf's `workers`
-    plus asyncio's default executor (min(32, CPUs + 4) threads)."""
-    return workers + min(32, (cpus or os.cpu_count() or 1) + 4)
+    """Connections to keep to the API server: one per thread that may call it at once, kopf's `workers`,
+    asyncio's default executor (min(32, CPUs + 4) threads) and the control loop's `CONTROL_THREADS`."""
+    return workers + min(32, (cpus or os.cpu_count() or 1) + 4) + CONTROL_THREADS
 
 
 def request_timeout() -> float:

@@ -36,6 +36,7 @@ from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.window import Scrape, Window, build_window
 from specfleet.operator.control.sources import DirectSource, PrometheusSource, SourceReport
 from specfleet.operator.control.speculation_switch import set_speculation
+from specfleet.operator.threads import in_control_thread
 
 log = logging.getLogger("specfleet.operator.control")
 AWAIT_SAMPLES_INTERVALS = 4       # at the default 15 s: a minute, the Prometheus source's staleness bound
@@ -243,7 +244,7 @@ class ServiceControl:
         loads = scale_down.loads([p.name for p in pods], scrapes, previous)
         remove = max(0, len(pods) - desired)
         costs = scale_down.deletion_costs(loads, remove)
-        results = await asyncio.gather(*(asyncio.to_thread(self.kube.annotate, "Pod", self.namespace, pod,
+        results = await asyncio.gather(*(in_control_thread(self.kube.annotate, "Pod", self.namespace, pod,
                                                            {scale_down.DELETION_COST: str(cost)})
                                          for pod, cost in costs.items()), return_exceptions=True)
         failed = [(pod, r) for pod, r in zip(costs, results) if isinstance(r, Exception)]
@@ -261,20 +262,20 @@ class ServiceControl:
                      scrapes: dict[str, Scrape]) -> None:
         ns, name, st = self.namespace, self.name, self.state
         if step.scale is not None and step.scale.changed:
-            await asyncio.to_thread(self.kube.scale, "Deployment", ns, name, step.scale.desired)
+            await in_control_thread(self.kube.scale, "Deployment", ns, name, step.scale.desired)
         if st.speculation is None:
             return
         if spec.runtime.engine == "vllm":
             if step.spec is not None and step.spec.changed:
                 value = f"enabled={str(st.speculation.enabled).lower()},k={st.speculation.k}"
-                await asyncio.to_thread(self.kube.annotate, "Deployment", ns, name,
+                await in_control_thread(self.kube.annotate, "Deployment", ns, name,
                                         {loop.SPECULATION_ANNOTATION: value})
             return
         stale = [pod for pod, s in scrapes.items() if _disagrees(s, st.speculation)]
         targets = list(endpoints) if step.spec is not None and step.spec.changed else stale
         if not targets:
             return
-        token = await asyncio.to_thread(admin_token, self.kube, ns, name)
+        token = await in_control_thread(admin_token, self.kube, ns, name)
         results = await asyncio.gather(*(set_speculation(endpoints[p], st.speculation.enabled, st.speculation.k,
                                                          token, client=self.http) for p in targets),
                                        return_exceptions=True)

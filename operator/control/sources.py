@@ -30,6 +30,7 @@ from specfleet.operator.control import telemetry
 from specfleet.operator.control.window import BUCKETED, Scrape
 from specfleet.operator.control.scrape import SERIES_LABELS
 from specfleet.operator.control.scrape import scrape_pods, scrape_from_series
+from specfleet.operator.threads import in_parse_thread
 
 log = logging.getLogger("specfleet.operator.control")
 
@@ -219,7 +220,7 @@ class PrometheusSource:
         except (httpx.HTTPError, httpx.InvalidURL, KeyError, ValueError, TypeError) as exc:
             return Snapshot(taken, {}, {}, frozenset(), error=f"{type(exc).__name__}: {str(exc)[:200]}")
         # In a thread: parsing a fleet's series on the event loop would hold up every handler.
-        return await asyncio.to_thread(self._parse, taken, result, times, still)
+        return await in_parse_thread(self._parse, taken, result, times, still)
 
     async def _query(self, client: httpx.AsyncClient, query: str) -> list[dict]:
         # POST: a query naming a thousand pods is longer than some proxies take in a URL.

@@ -152,8 +152,8 @@ def test_the_stored_body_keeps_what_a_step_reads_and_drops_kopfs_bookkeeping():
 
 
 def test_the_api_client_keeps_a_connection_for_every_thread_that_calls_it(tmp_path, monkeypatch):
-    assert kube.connection_pool_size(16, cpus=2) == 22
-    assert kube.connection_pool_size(16, cpus=64) == 48
+    assert kube.connection_pool_size(16, cpus=2) == 24
+    assert kube.connection_pool_size(16, cpus=64) == 50
     config = tmp_path / "kubeconfig"
     config.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
                       "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"

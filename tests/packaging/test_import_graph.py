@@ -33,7 +33,7 @@ ALLOWED: dict[tuple[str, str], tuple[frozenset[str] | None, str]] = {
 
 # The operator's modules (first name under specfleet.operator), lowest first: each imports only from lower rows.
 OPERATOR_LAYERS = (
-    {"cost"},                                   # step cost: roofline, profiles, calibration
+    {"cost", "threads"},                        # step cost: roofline, profiles, calibration; thread pools
     {"api", "capacity"},                        # the CR's types; the service model
     {"catalogs", "adapters", "kube"},           # shipped catalogs; adapter diffing; the API client shell
     {"planner", "model_folder"},

@@ -47,7 +47,7 @@ def provenance(d: dict) -> dict:
 def provenance_line(d: dict) -> str:
     p = provenance(d)
     m = p["machine"]
-    machine = m if isinstance(m, str) else (f"{m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, "
+    machine = m if isinstance(m, str) else (f"{m.get('cpu') or m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, "
                                              f"{m.get('platform', '?')}" if m else "not recorded")
     return (f"Command: `{p['command'] or 'not recorded'}`. Commit: `{p['commit'] or 'not recorded'}`; "
             f"date: {p['date'] or 'not recorded'}; machine: {machine}.")

@@ -15,8 +15,10 @@ Runs `specfleet cluster apiserver` and `specfleet operator run` as separate proc
 
 `--pods N` gives the first N services one Ready engine Pod each (the operator's pod labels, podIP 127.0.0.1, the
 container port of one stub HTTP server answering a static `/metrics` for every pod: the series a real engine
-exports, `engine_exposition`; `--stub minimal` serves the four series the tables before commit e3864b0
-measured). The emulator runs no kubelet, so without it no service has a pod and the loops idle.
+exports, `engine_exposition`; `--stub busy` the same series moving every few seconds, as a fleet serving
+steadily has them, so no refresh finds a pod's sample unmoved and the window after the edits measures a
+busy fleet's cost, not an idle one's; `--stub minimal` serves the four series the tables before commit
+e3864b0 measured). The emulator runs no kubelet, so without it no service has a pod and the loops idle.
 
 `--metrics-source prometheus` (the default when `prometheus` is on PATH) starts Prometheus through
 `cluster/prometheus.py`'s LocalPrometheus, with one file_sd target per pod labelled by `targets()` from the
@@ -31,6 +33,7 @@ spread (min..max) of every figure. Prints a table and writes JSON (with command,
     .venv/bin/python benchmarks/operator_scale.py --count 300 --pods 60 --edits 10 --repeats 1
     .venv/bin/python benchmarks/operator_scale.py --count 1000 --edits 50 --repeats 3 --pods 200
     .venv/bin/python benchmarks/operator_scale.py --count 1000 --pods 200 --metrics-source direct
+    .venv/bin/python benchmarks/operator_scale.py --count 1000 --pods 1000 --stub busy --repeats 3
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 from provenance import commit, machine   # benchmarks/: the script's own folder is on sys.path
 
@@ -60,6 +64,7 @@ NS = "bench"
 GROUP, VERSION, PLURAL = "specfleet.io", "v1alpha1", "inferenceservices"
 POD_MONITOR_INTERVAL_S = 15.0          # manifests/grafana/podmonitor.yaml
 DEFAULT_CONTROL_INTERVAL_S = 15.0      # the operator's default (operator/control/loop.py)
+BUSY_STEP_S = 5.0                      # `--stub busy`: the series move this often, thrice per Prometheus sample
 SOURCE_CHECK_SAMPLE = 10               # services whose MetricsSource condition is read
 EXPECTED_REASON = {"prometheus": "Prometheus", "direct": "DirectScrape"}
 
@@ -88,18 +93,48 @@ def engine_exposition(rounds: int = 1) -> bytes:
     `rounds` steps at every batch-size bucket, speculating and not, and one request: Prometheus and the
     operator get as many series per pod as from an engine on a cluster (tests/control/exposition_kit.py
     serves it to the source tests too)."""
-    from specfleet.engine.server.metrics import ServerMetrics
-    from specfleet.engine.stats import StepRecord
+    return EngineMetrics().after(rounds)
 
-    metrics = ServerMetrics("smollm2-135m")
-    for _ in range(rounds):
-        for n in (1, 2, 3, 5, 9, 17, 33, 65, 129):
-            for speculating in (True, False):
-                metrics.observe_step(StepRecord(0.002 * n, n, 2 * n, n, 0, speculating))
-    metrics.first_token(0.2)
-    metrics.inter_token(0.02, 10)
-    metrics.finished("stop", 1.0)
-    return metrics.render()
+
+class EngineMetrics:
+    """A real engine's `ServerMetrics`, stepped a round at a time: a round is one step at every batch-size
+    bucket, speculating and not, and one finished request."""
+
+    def __init__(self):
+        from specfleet.engine.server.metrics import ServerMetrics
+
+        self.metrics, self.rounds = ServerMetrics("smollm2-135m"), 0
+
+    def after(self, rounds: int) -> bytes:
+        """The exposition once `rounds` rounds are done (never fewer than already are)."""
+        from specfleet.engine.stats import StepRecord
+
+        for _ in range(self.rounds, rounds):
+            for n in (1, 2, 3, 5, 9, 17, 33, 65, 129):
+                for speculating in (True, False):
+                    self.metrics.observe_step(StepRecord(0.002 * n, n, 2 * n, n, 0, speculating))
+            self.metrics.first_token(0.2)
+            self.metrics.inter_token(0.02, 10)
+            self.metrics.finished("stop", 1.0)
+        self.rounds = max(self.rounds, rounds)
+        return self.metrics.render()
+
+
+class BusyExposition:
+    """`--stub busy`: a real engine's series that move every `BUSY_STEP_S` (a round more each time), so every
+    Prometheus sample of every pod differs from the one before, as a fleet's that serves steadily does.
+    Rendered once per round, for all pods alike."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock, self.start, self.engine, self.lock = clock, clock(), EngineMetrics(), threading.Lock()
+        self.round, self.body = 0, b""
+
+    def __call__(self) -> bytes:
+        due = 1 + int((self.clock() - self.start) / BUSY_STEP_S)
+        with self.lock:
+            if due != self.round:
+                self.round, self.body = due, self.engine.after(due)
+            return self.body
 
 
 # What the stub pods served before `e3864b0` (`--stub minimal`): four series, an engine with no histograms.
@@ -116,21 +151,22 @@ def series_in(exposition: bytes) -> int:
 
 
 class _Metrics(BaseHTTPRequestHandler):
-    body = STUB_METRICS
+    exposition: Callable[[], bytes] = staticmethod(lambda: STUB_METRICS)
 
     def do_GET(self) -> None:  # noqa: N802
+        body = self.exposition()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(self.body)
+        self.wfile.write(body)
 
     def log_message(self, *args) -> None:
         pass
 
 
 def stub_engine() -> ThreadingHTTPServer:
-    """One HTTP server answering `/metrics` for every benchmark pod (a static exposition)."""
+    """One HTTP server answering `/metrics` for every benchmark pod (`_Metrics.exposition`)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -655,10 +691,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--settle-seconds", type=float, default=None,
                         help="Pause between the last SLO edit and the idle window (default: one control "
                              "interval + 5 s, so the edited services' next intervals are not counted as idle).")
-    parser.add_argument("--stub", choices=("engine", "minimal"), default="engine",
+    parser.add_argument("--stub", choices=("engine", "busy", "minimal"), default="engine",
                         help="What each stub pod's /metrics serves: a real engine's series (default; 635 before "
-                             "commit 2ebfa81, 203 from it), or the four series the tables measured before commit "
-                             "e3864b0 had.")
+                             "commit 2ebfa81, 203 from it), idle; the same series moving every "
+                             f"{BUSY_STEP_S:g} s (busy: an engine serving steadily, so every sample is new); or "
+                             "the four series the tables measured before commit e3864b0 had.")
     parser.add_argument("--timeout", type=float, default=900, help="Give up on the burst after this many s.")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="py-spy (pip install py-spy) the emulator and the operator during the burst, the SLO "
@@ -676,7 +713,8 @@ def main() -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     args = parse_args()
-    _Metrics.body = STUB_METRICS if args.stub == "engine" else MINIMAL_EXPOSITION
+    _Metrics.exposition = staticmethod({"engine": lambda: STUB_METRICS, "minimal": lambda: MINIMAL_EXPOSITION,
+                                        "busy": BusyExposition()}[args.stub])
     # SIGTERM unwinds like Ctrl-C, so each run's `finally` stops the processes it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     setup = Setup(args.metrics_source, args.control_interval, min(POD_MONITOR_INTERVAL_S, args.control_interval))
@@ -689,7 +727,8 @@ def main() -> None:
               "count": args.count, "edits": args.edits, "repeats": args.repeats, "pods": args.pods,
               "setup": {"source": setup.source, "control_interval_s": setup.control_interval_s,
                         "scrape_interval_s": setup.scrape_interval_s if setup.source == "prometheus" else None,
-                        "idle_seconds": args.idle_seconds, "stub_series_per_pod": series_in(_Metrics.body)},
+                        "idle_seconds": args.idle_seconds, "stub": args.stub,
+                        "stub_series_per_pod": series_in(_Metrics.exposition())},
               "wall_s": round(time.monotonic() - started, 1), "summary": summary(runs), "runs": runs}
     report(result, args.out)
 

@@ -157,6 +157,8 @@ SCALE_ENGINE, SCALE_ENGINE_BASE = "operator_scale_1000_engine_series.json", "ope
 SCALE_5000_ENGINE = "operator_scale_5000_engine_series.json"
 STEP_SUMMARY, STEP_SUMMARY_BASE = "operator_scale_1000_step_summary.json", "operator_scale_1000_step_summary_base.json"
 DIGESTS, DIGESTS_BASE = "operator_scale_1000_digests.json", "operator_scale_1000_digests_base.json"
+THREADS, THREADS_BASE = "operator_scale_5000_threads.json", "operator_scale_5000_threads_base.json"
+BUSY = "operator_scale_1000_busy.json"
 SCALE_ROWS = [("all reconciled", "all_reconciled_seconds", 1, " s"), ("SLO edit p50", "edit_latency_p50_s", 3, " s"),
               ("SLO edit p99", "edit_latency_p99_s", 3, " s"),
               ("operator RSS peak", "operator_rss_peak_mib", 0, " MiB"),
@@ -168,10 +170,15 @@ SCALE_ROWS = [("all reconciled", "all_reconciled_seconds", 1, " s"), ("SLO edit 
               ("services whose loop read Prometheus", "services_on_source", 0, "")]
 
 
-def scale_table(d: dict) -> str:
-    rows = [[name, spread(d["summary"][key], digits, unit),
+def scale_table(d: dict, fleet: str = "fleet idle") -> str:
+    """`fleet`: what the fleet did in the window after the edits ("fleet busy" with `--stub busy`)."""
+    rows = [[name.replace("fleet idle", fleet), spread(d["summary"][key], digits, unit),
              ", ".join(f"{r[key]:.{digits}f}" for r in d["runs"])] for name, key, digits, unit in SCALE_ROWS]
     return table(["figure", "median (min–max)", "per run"], rows)
+
+
+def busy_table(d: dict) -> str:
+    return scale_table(d, "fleet busy")
 
 
 FAILOVER = "operator_failover.json"
@@ -343,6 +350,12 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("operator.digests.provenance", DIGESTS, provenance_line),
     Figure("operator.digests_base", DIGESTS_BASE, scale_table),
     Figure("operator.digests_base.provenance", DIGESTS_BASE, provenance_line),
+    Figure("operator.threads", THREADS, scale_table),
+    Figure("operator.threads.provenance", THREADS, provenance_line),
+    Figure("operator.threads_base", THREADS_BASE, scale_table),
+    Figure("operator.threads_base.provenance", THREADS_BASE, provenance_line),
+    Figure("operator.busy", BUSY, busy_table),
+    Figure("operator.busy.provenance", BUSY, provenance_line),
     Figure("operator.scale_engine_series", SCALE_ENGINE, scale_table),
     Figure("operator.scale_engine_series.provenance", SCALE_ENGINE, provenance_line),
     Figure("operator.scale_engine_series_base", SCALE_ENGINE_BASE, scale_table),

@@ -40,6 +40,7 @@ MANAGED = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 # `WORKER_IDLE_S` (with kopf's default 5 s, parked slots rather than the reconciles would pace a burst).
 DEFAULT_WORKER_LIMIT = 512
 WORKER_IDLE_S = 1.0
+STATUS_WRITE_TRIES = 3
 log = logging.getLogger("specfleet.operator")
 
 
@@ -90,12 +91,34 @@ def publish(k: Kube, body, outcome: ReconcileOutcome | runner.ControlOutcome) ->
     """The one writer of an InferenceService's status (only when something but timestamps changed), and
     the poster of its Events, both through `Kube`."""
     meta = body["metadata"]
-    if outcome.status and status.changes(dict(body.get("status") or {}), outcome.status):
-        k.patch_service_status(meta["namespace"], meta["name"], outcome.status)
+    if outcome.status:
+        write_status(k, meta["namespace"], meta["name"], _dict(body.get("status") or {}), outcome.status,
+                     meta.get("resourceVersion"))
     regarding = {"apiVersion": body.get("apiVersion", api.API_VERSION), "kind": body.get("kind", api.KIND),
                  "metadata": meta}
     for kind, reason, message in outcome.events:
         k.post_event(regarding, kind, reason, message[:1000], now_iso())
+
+
+def write_status(k: Kube, namespace: str, name: str, read: dict, patch: dict, version: str | None) -> None:
+    """Write `patch`, made from the status `read` at `version`, if it changes anything. Reconciles and control
+    steps write conditions and decisions as whole lists, each from the body it last saw: onto a newer
+    version (a 409) the patch is made again on the current status (`status.rebase`), so neither undoes
+    the other's entries. Gives up, raising the 409, after `STATUS_WRITE_TRIES`."""
+    for tries in range(1, STATUS_WRITE_TRIES + 1):
+        if not status.changes(read, patch):
+            return
+        try:
+            k.patch_service_status(namespace, name, patch, version)
+            return
+        except Exception as exc:
+            if not k.conflict(exc) or tries == STATUS_WRITE_TRIES:
+                raise
+        current = k.get_service(namespace, name)
+        if current is None:
+            return
+        fresh = current.get("status") or {}
+        patch, read, version = status.rebase(patch, read, fresh), fresh, current["metadata"].get("resourceVersion")
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)

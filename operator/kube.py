@@ -206,12 +206,20 @@ class Kube:
             raise
         return json.loads(response.data)
 
-    def patch_service_status(self, namespace: str, name: str, status: dict) -> None:
+    def patch_service_status(self, namespace: str, name: str, status: dict, resource_version: str | None = None
+                             ) -> None:
         """Merge `status` into the InferenceService's status (the operator's only status write:
-        `handlers.publish` is its one caller)."""
-        _release(self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                                   {"status": status}, _content_type=MERGE,
-                                                                   _preload_content=False))
+        `handlers.publish` is its one caller). With `resource_version`, only onto that version of the object
+        (else a 409 Conflict, `conflict`): the patch was made from it."""
+        body: dict = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        _release(self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body,
+                                                                   _content_type=MERGE, _preload_content=False))
+
+    def conflict(self, exc: BaseException) -> bool:
+        """A 409: the object changed since the version a write named."""
+        return isinstance(exc, self.client.ApiException) and exc.status == 409
 
 
 def _release(response) -> None:

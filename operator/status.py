@@ -108,6 +108,7 @@ def merge_conditions(previous: Sequence[dict], updates: Iterable[Condition], now
 
 
 _ORDER = {t: i for i, t in enumerate(CONDITION_TYPES)}
+MAX_DECISIONS = 20                  # status.lastDecisions keeps the latest this many
 
 
 CONTROLLER_REASONS = frozenset({"Observed", "Missed", "MetricsUnavailable", "LowAcceptance", "BatchAboveThreshold",
@@ -185,6 +186,25 @@ def _speculation(plan: Plan) -> Condition:
                          f"{sp.method} k={sp.k}; pays up to batch {mbs}")
     return Condition("SpeculationActive", FALSE, "NotPaying",
                      f"{sp.method} pays up to batch {mbs}, below the expected batch; k={sp.k} when re-enabled")
+
+
+def rebase(patch: dict, read: dict, current: dict) -> dict:
+    """`patch`, made from the status its writer read (`read`), made again on the status the server holds
+    now (`current`), which another writer changed since: the patch replaces the `conditions` and
+    `lastDecisions` lists whole, so as it stands it would undo that writer's entries. Conditions: the
+    current ones, with those the patch changed from `read`'s; decisions: the current ones, then those the
+    patch added (the last `MAX_DECISIONS`). The fields a patch sets whole are its writer's own."""
+    rebased = dict(patch)
+    if "conditions" in patch:
+        before = {c.get("type"): c for c in read.get("conditions") or []}
+        merged = {c["type"]: c for c in current.get("conditions") or [] if "type" in c}
+        merged.update({c["type"]: c for c in patch["conditions"] if before.get(c.get("type")) != c})
+        rebased["conditions"] = sorted(merged.values(), key=lambda c: _ORDER.get(c["type"], 99))
+    if "lastDecisions" in patch:
+        before = read.get("lastDecisions") or []
+        added = [d for d in patch["lastDecisions"] if d not in before]
+        rebased["lastDecisions"] = ((current.get("lastDecisions") or []) + added)[-MAX_DECISIONS:]
+    return rebased
 
 
 def changes(old: dict, patch: dict) -> bool:

@@ -29,7 +29,7 @@ from specfleet.operator.control.window import Scrape, Window
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_DETECT_INTERVAL_S = 5.0
-MAX_DECISIONS = 20
+MAX_DECISIONS = status.MAX_DECISIONS
 SPECULATION_ANNOTATION = "specfleet.io/speculation"
 
 

@@ -96,7 +96,7 @@ class StatusRecorder:
         self.patches: list[dict] = []
         self.events: list[tuple[str, str]] = []
 
-    def patch_service_status(self, namespace, name, status):
+    def patch_service_status(self, namespace, name, status, resource_version=None):
         self.patches.append(status)
 
     def post_event(self, regarding, type_, reason, message, now):

@@ -12,7 +12,7 @@ import yaml
 from specfleet.cluster.apiserver import running_apiserver
 from specfleet.operator import api
 from specfleet.operator.kube import Kube
-from specfleet.operator.reconcile import reconcile
+from specfleet.operator.reconcile import ReconcileOutcome, reconcile
 
 from tests.operator.operator_kit import Cluster, wait_for
 
@@ -93,3 +93,29 @@ def test_a_lost_deployment_comes_back_and_the_rest_is_kept_or_corrected(kube, ca
     assert after["Deployment"]["metadata"]["uid"] != before["Deployment"]["metadata"]["uid"]
     assert ("PATCH", "default/services/svc") in calls
     assert any(r == "Applied" and "created Deployment" in m and "updated Service" in m for _, r, m in outcome.events)
+
+
+def test_two_writers_of_status_from_one_version_keep_each_others_conditions_and_decisions(kube, body, calls):
+    """A reconcile and a control step each write status from the body they last saw. The second, made
+    from the version before the first's write, is refused (409) and made again on the current status."""
+    from specfleet.operator import handlers, status
+    from specfleet.operator.api import Condition
+    from specfleet.operator.control.runner import ControlOutcome
+
+    handlers.publish(kube, body, reconcile(body, kube, NOW))
+    seen = kube.get_service("default", "svc")                    # what both writers read
+    old, generation = seen["status"], seen["metadata"]["generation"]
+    degraded = ReconcileOutcome({"conditions": status.merge_conditions(
+        old["conditions"], [Condition("Degraded", "True", "ModelUnavailable", "from the reconcile")], NOW, generation)})
+    decision = {"time": NOW, "kind": "scale", "from": "1", "to": "2", "reason": "Load"}
+    step = ControlOutcome({"desiredReplicas": 2, "lastDecisions": [decision], "conditions": status.merge_conditions(
+        old["conditions"], [Condition("SLOMet", "True", "Observed", "from the control step")], NOW, generation)}, [])
+    handlers.publish(kube, seen, degraded)
+    calls.clear()
+    handlers.publish(kube, seen, step)                           # made from the version before the reconcile's
+    sent = [method for method, _ in calls if method != "POST"]
+    now = kube.get_service("default", "svc")["status"]
+    kinds = {c["type"]: c["reason"] for c in now["conditions"]}
+    assert kinds["Degraded"] == "ModelUnavailable" and kinds["SLOMet"] == "Observed"
+    assert now["lastDecisions"] == [decision] and now["desiredReplicas"] == 2
+    assert sent == ["PATCH", "GET", "PATCH"]                     # refused, read, written

@@ -60,3 +60,23 @@ def test_capacity_limits_keep_the_plan_but_say_degraded(make_spec, gpus, models)
 def test_a_service_scaled_to_zero_says_so_rather_than_not_ready():
     ready = _cond(status.rollout(0, 0, 0, [], T0), "Ready")
     assert ready["status"] == "False" and ready["reason"] == "ScaledToZero"
+
+
+def test_a_patch_rebased_on_a_newer_status_keeps_both_writers_entries():
+    from specfleet.operator.status import MAX_DECISIONS, rebase
+
+    def cond(kind, reason):
+        return {"type": kind, "status": "True", "reason": reason}
+    read = {"conditions": [cond("Ready", "Serving"), cond("SLOMet", "Observed")],
+            "lastDecisions": [{"n": i} for i in range(MAX_DECISIONS)]}
+    patch = {"desiredReplicas": 3, "conditions": [cond("Ready", "Serving"), cond("SLOMet", "Missed")],
+             "lastDecisions": read["lastDecisions"][1:] + [{"n": "mine"}]}
+    current = {"conditions": [cond("Ready", "RolloutStuck"), cond("SLOMet", "Observed"), cond("Degraded", "Bad")],
+               "lastDecisions": read["lastDecisions"][1:] + [{"n": "theirs"}]}
+    rebased = rebase(patch, read, current)
+    assert {c["type"]: c["reason"] for c in rebased["conditions"]} == {
+        "Ready": "RolloutStuck", "SLOMet": "Missed", "Degraded": "Bad"}     # theirs, mine, theirs
+    assert [c["type"] for c in rebased["conditions"]] == ["Ready", "Degraded", "SLOMet"]
+    assert rebased["lastDecisions"][-2:] == [{"n": "theirs"}, {"n": "mine"}]
+    assert len(rebased["lastDecisions"]) == MAX_DECISIONS and rebased["desiredReplicas"] == 3
+    assert rebase({"desiredReplicas": 1}, read, current) == {"desiredReplicas": 1}

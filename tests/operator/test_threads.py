@@ -28,7 +28,7 @@ class HeldStatusKube(FakeKube):
         self.release = threading.Event()
         self.writers: list[str] = []
 
-    def patch_service_status(self, namespace, name, patch):
+    def patch_service_status(self, namespace, name, patch, resource_version=None):
         self.writers.append(threading.current_thread().name)
         if name.startswith("svc-"):
             assert self.release.wait(30), "the wave was never released"

@@ -40,6 +40,13 @@ MANAGED = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 # `WORKER_IDLE_S` (with kopf's default 5 s, parked slots rather than the reconciles would pace a burst).
 DEFAULT_WORKER_LIMIT = 512
 WORKER_IDLE_S = 1.0
+# After its own patch of an object (the diff-base annotation that marks a creation handled), kopf waits
+# this long for the watch to deliver that version before it acts on an older event of the object, such
+# as the one of the status this operator wrote a moment before; past it, it takes the older body as
+# current, finds no diff base, and handles the creation again. kopf's 5 s was shorter than the watch's lag
+# in a burst of 5,000 creates on one core: every service was reconciled twice, and the repeats held SLO
+# edits back for tens of seconds. A newer event of the object ends the wait at once.
+CONSISTENCY_TIMEOUT_S = 60.0
 STATUS_WRITE_TRIES = 3
 log = logging.getLogger("specfleet.operator")
 
@@ -54,6 +61,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     settings.execution.max_workers = 16
     settings.queueing.worker_limit = worker_limit()
     settings.queueing.idle_timeout = WORKER_IDLE_S
+    settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT_S
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
     if getattr(memo, "kube", None) is None:

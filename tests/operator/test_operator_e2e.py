@@ -7,6 +7,7 @@ invalid, restart, delete).
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -105,6 +106,13 @@ def test_editing_the_slo_changes_args_and_status(cluster, operator):
     assert after["metadata"]["generation"] > before["metadata"]["generation"]
     assert after["status"]["plan"]["maxNumSeqs"] > before["status"]["plan"]["maxNumSeqs"]
     assert after["spec"]["slo"]["itlP99Ms"] == 400          # the operator never rewrote the spec
+
+
+def test_the_log_says_what_was_processed_and_not_each_handler_of_each_watch_event(cluster, operator):
+    wait_for(lambda: "Creation is processed" in operator.log.read_text())
+    log = operator.log.read_text()
+    assert "Creation is processed: 1 succeeded; 0 failed." in log
+    assert not re.search(r"Handler '\w+' succeeded", log)      # kopf's line per handler per watch event
 
 
 def test_a_deleted_deployment_is_recreated(cluster, operator):

@@ -158,7 +158,9 @@ SCALE_5000_ENGINE = "operator_scale_5000_engine_series.json"
 STEP_SUMMARY, STEP_SUMMARY_BASE = "operator_scale_1000_step_summary.json", "operator_scale_1000_step_summary_base.json"
 DIGESTS, DIGESTS_BASE = "operator_scale_1000_digests.json", "operator_scale_1000_digests_base.json"
 THREADS, THREADS_BASE = "operator_scale_5000_threads.json", "operator_scale_5000_threads_base.json"
-BUSY = "operator_scale_1000_busy.json"
+BUSY = "operator_scale_5000_busy.json"
+ONE_CORE, ONE_CORE_BASE = "operator_scale_5000_one_core.json", "operator_scale_5000_one_core_base.json"
+SCALE_5000_XEON = "operator_scale_5000_xeon.json"
 SCALE_ROWS = [("all reconciled", "all_reconciled_seconds", 1, " s"), ("SLO edit p50", "edit_latency_p50_s", 3, " s"),
               ("SLO edit p99", "edit_latency_p99_s", 3, " s"),
               ("operator RSS peak", "operator_rss_peak_mib", 0, " MiB"),
@@ -179,6 +181,15 @@ def scale_table(d: dict, fleet: str = "fleet idle") -> str:
 
 def busy_table(d: dict) -> str:
     return scale_table(d, "fleet busy")
+
+
+def edit_p99_spread(d: dict) -> str:
+    return spread(d["summary"]["edit_latency_p99_s"], 3, " s")
+
+
+def edits_observed(d: dict) -> str:
+    """How many of the runs' SLO edits were observed within the benchmark's 30 s, of how many made."""
+    return f"{sum(r['edits_observed'] for r in d['runs'])} of {d['edits'] * len(d['runs'])}"
 
 
 FAILOVER = "operator_failover.json"
@@ -354,6 +365,16 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("operator.threads.provenance", THREADS, provenance_line),
     Figure("operator.threads_base", THREADS_BASE, scale_table),
     Figure("operator.threads_base.provenance", THREADS_BASE, provenance_line),
+    Figure("operator.threads.edit_p99", THREADS, edit_p99_spread),
+    Figure("operator.threads_base.edit_p99", THREADS_BASE, edit_p99_spread),
+    Figure("operator.one_core", ONE_CORE, scale_table),
+    Figure("operator.one_core.provenance", ONE_CORE, provenance_line),
+    Figure("operator.one_core.edits_observed", ONE_CORE, edits_observed),
+    Figure("operator.one_core_base", ONE_CORE_BASE, scale_table),
+    Figure("operator.one_core_base.provenance", ONE_CORE_BASE, provenance_line),
+    Figure("operator.one_core_base.edits_observed", ONE_CORE_BASE, edits_observed),
+    Figure("operator.scale_5000_xeon", SCALE_5000_XEON, scale_table),
+    Figure("operator.scale_5000_xeon.provenance", SCALE_5000_XEON, provenance_line),
     Figure("operator.busy", BUSY, busy_table),
     Figure("operator.busy.provenance", BUSY, provenance_line),
     Figure("operator.scale_engine_series", SCALE_ENGINE, scale_table),

@@ -33,7 +33,7 @@ spread (min..max) of every figure. Prints a table and writes JSON (with command,
     .venv/bin/python benchmarks/operator_scale.py --count 300 --pods 60 --edits 10 --repeats 1
     .venv/bin/python benchmarks/operator_scale.py --count 1000 --edits 50 --repeats 3 --pods 200
     .venv/bin/python benchmarks/operator_scale.py --count 1000 --pods 200 --metrics-source direct
-    .venv/bin/python benchmarks/operator_scale.py --count 1000 --pods 1000 --stub busy --repeats 3
+    .venv/bin/python benchmarks/operator_scale.py --count 5000 --pods 1000 --stub busy --repeats 3
 """
 from __future__ import annotations
 

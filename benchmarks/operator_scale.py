@@ -10,6 +10,8 @@ Runs `specfleet cluster apiserver` and `specfleet operator run` as separate proc
     fleet is idle, and their resident memory (peak and at the end): who the bottleneck is;
   - Prometheus queries the operator made per control interval while idle (its
     `specfleet_prometheus_queries_total`, read on its metrics port before and after the idle window);
+  - creations kopf processed (`creations_processed`, from the operator's log): one per service unless
+    some were handled twice;
   - where the services' loops got their metrics: each service's `specfleet_metrics_source` gauge, and the
     `MetricsSource` condition of a sample of services (expected True/Prometheus, or True/DirectScrape).
 
@@ -333,6 +335,11 @@ class Processes:
             return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
+    def logged(self, text: str) -> int:
+        """Lines of the operator's log that hold `text`."""
+        with (self.logs / "operator.log").open(errors="replace") as log:
+            return sum(text in line for line in log)
+
     def kubectl(self, *args: str, stdin: str | None = None) -> None:
         subprocess.run([str(BIN / "kubectl"), *args], input=stdin, text=True, env=self.env, check=True,
                        capture_output=True, timeout=60)
@@ -575,6 +582,8 @@ def once(args, setup: Setup, progress, label: str) -> dict:
             engine.shutdown()
             engine.server_close()
             progress.remove_task(phase)
+        # kopf says this once per creation it handles: more than `count` means some were handled twice.
+        result["creations_processed"] = fleet.logged("Creation is processed")
     for name, sampler in samplers.items():
         if name != "harness":
             result |= {f"{name}_rss_peak_mib": round(sampler.peak, 1), f"{name}_rss_end_mib": round(sampler.last, 1)}

@@ -100,7 +100,7 @@ def publish(k: Kube, body, outcome: ReconcileOutcome | runner.ControlOutcome) ->
     the poster of its Events, both through `Kube`."""
     meta = body["metadata"]
     if outcome.status:
-        write_status(k, meta["namespace"], meta["name"], _dict(body.get("status") or {}), outcome.status,
+        write_status(k, meta["namespace"], meta["name"], dict(body.get("status") or {}), outcome.status,
                      meta.get("resourceVersion"))
     regarding = {"apiVersion": body.get("apiVersion", api.API_VERSION), "kind": body.get("kind", api.KIND),
                  "metadata": meta}
@@ -126,7 +126,8 @@ def write_status(k: Kube, namespace: str, name: str, read: dict, patch: dict, ve
         if current is None:
             return
         fresh = current.get("status") or {}
-        patch, read, version = status.rebase(patch, read, fresh), fresh, current["metadata"].get("resourceVersion")
+        patch, read = status.rebase(patch, _dict(read), fresh), fresh   # `read` may be kopf's read-only view
+        version = current["metadata"].get("resourceVersion")
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)

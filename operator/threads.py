@@ -3,9 +3,10 @@
 A handler's reconcile runs in asyncio's default executor (`asyncio.to_thread`): it is what a user waits on
 after `kubectl apply`. The control loop's Kubernetes calls (its status writes above all) and the parse of a
 Prometheus answer are background work that comes in waves: a fleet's loops, started together, write their
-first status together. In one shared pool, an edit's reconcile queued behind such a wave
-(docs/operator.md, "Scale (measured)"). Here the control loop has `CONTROL_THREADS` of its own and
-the parse one, so a wave queues only behind itself while reconciles keep the default executor.
+first status together. In one shared pool, a wave that the API server is slow to answer holds every
+thread, and an edit's reconcile waits for all of it (tests/operator/test_threads.py). Here the control
+loop has `CONTROL_THREADS` of its own and the parse one, so a wave queues only behind itself while
+reconciles keep the default executor.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import pytest
 from specfleet.operator import handlers, threads
 from specfleet.operator.control.runner import ControlOutcome
 
-from tests.operator.test_handlers import BASE, FakeKube, body
+from tests.operator.fake_kube import BASE, FakeKube, body
 
 WAVE = 40                   # control steps publishing at once (the scheduler runs up to 32 steps at a time)
 

@@ -225,8 +225,8 @@ def control_table(d: dict) -> str:
 
 # --- closed loop and sim-to-real ------------------------------------------------------------------------
 
-CLOSED_LOOP = "closed_loop_zen4.json"
-SIM_PROFILE, SIM_REAL = "sim_to_real_zen4.json", "sim_to_real_zen4_real-scales.json"
+CLOSED_LOOP = "closed_loop_full.json"
+SIM_PROFILE = "sim_to_real_full_profile.json"
 
 
 def _goodput(run: dict, phase: str | None) -> str:
@@ -250,7 +250,7 @@ def sim_within(d: dict) -> str:
     return f"{d['within_share']:.1%}"
 
 
-CONTENTION, SIM_CONTENTION = "contention_zen4.json", "sim_to_real_zen4_contention.json"
+CONTENTION, SIM_CONTENTION = "contention_xeon.json", "sim_to_real_full_contention.json"
 
 
 def contention_table(d: dict) -> str:
@@ -269,6 +269,30 @@ def contention_table(d: dict) -> str:
 
 def sim_within_by_phase(d: dict) -> str:
     return ", ".join(f"{phase} {share:.0%}" for phase, share in d["within_by_phase"].items())
+
+
+def closed_loop_checks(d: dict) -> str:
+    """Per phase: auto against the better fixed policy, and whether it is within the 3% the check allows."""
+    per_phase = d["checks"]["goodput"]["per_phase"]
+    rows = [[phase, f"{c['auto']:.1f}", f"{c['best_fixed']:.1f} ({c['best_mode']})",
+             f"{c['auto'] / c['best_fixed'] - 1:+.1%}", "yes" if c["ok"] else "no"] for phase, c in per_phase.items()]
+    overall = d["checks"]["goodput"]["overall"]
+    best = max(("on", "off"), key=lambda m: overall[m])
+    rows.append(["overall", f"{overall['auto']:.1f}", f"{overall[best]:.1f} ({best})",
+                 f"{overall['auto'] / overall[best] - 1:+.1%}", "yes" if d["checks"]["goodput"]["overall_ok"] else "no"])
+    return table(["phase", "auto", "better fixed policy", "auto against it", "check"], rows)
+
+
+def closed_loop_switches(d: dict) -> str:
+    """Per repeat of auto: on/off switches by reason, depth retunes, crossings due a switch and the verdict."""
+    auto = d["runs"]["auto"]
+    rows = []
+    for i, (switches, check) in enumerate(zip(auto["switches_per_repeat"], auto["switch_checks_per_repeat"]), 1):
+        toggles = [s for s in switches if s["reason"] != "DepthRetuned"]
+        named = ", ".join(f"{'on' if s['enabled'] else 'off'} {s['reason']} at batch {s['batch']:.1f} "
+                          f"(threshold {s['threshold']})" for s in toggles) or "none"
+        rows.append([str(i), named, str(check["depth_retunes"]), str(check["due_crossings"]), check["verdict"]])
+    return table(["repeat", "on/off switches", "depth retunes", "crossings due a switch", "verdict"], rows)
 
 
 # --- the registry -----------------------------------------------------------------------------------------
@@ -386,9 +410,11 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("control.grid", CONTROL, control_table),
     Figure("closed_loop.table", CLOSED_LOOP, closed_loop_table),
     Figure("closed_loop.provenance", CLOSED_LOOP, provenance_line),
+    Figure("closed_loop.checks", CLOSED_LOOP, closed_loop_checks),
+    Figure("closed_loop.switches", CLOSED_LOOP, closed_loop_switches),
     Figure("sim_to_real.profile.within", SIM_PROFILE, sim_within),
-    Figure("sim_to_real.real_scales.within", SIM_REAL, sim_within),
-    Figure("sim_to_real.provenance", SIM_REAL, provenance_line),
+    Figure("sim_to_real.profile.by_phase", SIM_PROFILE, sim_within_by_phase),
+    Figure("sim_to_real.profile.provenance", SIM_PROFILE, provenance_line),
     Figure("sim_to_real.contention.within", SIM_CONTENTION, sim_within),
     Figure("sim_to_real.contention.by_phase", SIM_CONTENTION, sim_within_by_phase),
     Figure("sim_to_real.contention.provenance", SIM_CONTENTION, provenance_line),

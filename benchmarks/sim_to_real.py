@@ -17,8 +17,9 @@ seeds; with `--real`, the real run's figures and the sim / real ratio, and wheth
 flight (benchmarks/contention.py's result, `--contention FILE`; sim/contention.py): an input measured at
 fixed client counts, never the compared run's answers (as `--truth real-scales` uses).
 
-    .venv/bin/python benchmarks/sim_to_real.py --real benchmarks/results/closed_loop_zen4.json --scale 0.2 \
-        --truth contention --out benchmarks/results/sim_to_real_zen4_contention.json
+    .venv/bin/python benchmarks/sim_to_real.py --real benchmarks/results/closed_loop_full.json --scale 1.0 \
+        --truth contention --contention benchmarks/results/contention_xeon.json \
+        --out benchmarks/results/sim_to_real_full_contention.json
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from provenance import stamp                     # benchmarks/provenance.py: com
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
 OUT = Path(__file__).parent / "results" / "sim_to_real.json"
-CONTENTION = Path(__file__).parent / "results" / "contention_zen4.json"     # benchmarks/contention.py
+CONTENTION = Path(__file__).parent / "results" / "contention_xeon.json"     # benchmarks/contention.py
 METRICS = ("throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "batch_mean",
            "speculation_on_share")
 TOLERANCE = 0.25

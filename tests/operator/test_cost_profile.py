@@ -296,3 +296,24 @@ def test_the_speculation_threshold_is_the_last_batch_that_pays_past_a_gap_below_
     threshold = model.max_batch_for_speculation(0.5)
     assert pays[0] and not all(pays[:threshold]), "no gap: the test lost its case"
     assert pays[threshold - 1] and not any(pays[threshold:])
+
+
+def _shipped_k1_speedup(alpha: float, share: float, ctx: int = 300):
+    cost = catalogs.profiles().entries[("smollm2-135m", "cpu")].cost
+    return cost, lambda b: (c.goodput(cost, b, ctx, alpha, 1, share=share) / c.goodput(cost, b, ctx, alpha, 0))
+
+
+def test_the_shipped_profile_prices_two_token_matches_inside_the_band_and_one_token_matches_out_of_it():
+    """What docs/control.md says of the slow batch-loop test (tests/fleet/test_speculation_batch_loop.py): at
+    copy-heavy acceptance with two-token matches (0.75, draft share 0.51, as the full-length closed loop's
+    peak saw it) k = 1 never falls below the dead band up to the plan's cap; with one-token matches (0.57,
+    0.79: benchmarks/results/speculation_steady_k1_ngram1.json) it leaves the band at batch 1 and at 48,
+    and the off edge moves from tens to hundreds between an acceptance of 0.57 and 0.65."""
+    cost, two_token = _shipped_k1_speedup(0.75, 0.51)
+    band = cost.fit_error
+    assert all(two_token(b) > 1 - band for b in range(1, 55))
+    _, one_token = _shipped_k1_speedup(0.57, 0.79)
+    assert one_token(1) == pytest.approx(1.25, abs=0.01) and one_token(48) == pytest.approx(0.92, abs=0.01)
+    assert one_token(1) > 1 + band and one_token(48) < 1 - band
+    off_edge = {a: c.max_batch_for_speculation(cost, 300, a, 1, share=0.79, margin=-band) for a in (0.57, 0.65)}
+    assert off_edge[0.57] == 33 and off_edge[0.65] == 169, off_edge

@@ -276,10 +276,10 @@ def closed_loop_checks(d: dict) -> str:
     per_phase = d["checks"]["goodput"]["per_phase"]
     rows = [[phase, f"{c['auto']:.1f}", f"{c['best_fixed']:.1f} ({c['best_mode']})",
              f"{c['auto'] / c['best_fixed'] - 1:+.1%}", "yes" if c["ok"] else "no"] for phase, c in per_phase.items()]
-    overall = d["checks"]["goodput"]["overall"]
+    overall, ok = d["checks"]["goodput"]["overall"], d["checks"]["goodput"]["overall_ok"]
     best = max(("on", "off"), key=lambda m: overall[m])
     rows.append(["overall", f"{overall['auto']:.1f}", f"{overall[best]:.1f} ({best})",
-                 f"{overall['auto'] / overall[best] - 1:+.1%}", "yes" if d["checks"]["goodput"]["overall_ok"] else "no"])
+                 f"{overall['auto'] / overall[best] - 1:+.1%}", "yes" if ok else "no"])
     return table(["phase", "auto", "better fixed policy", "auto against it", "check"], rows)
 
 
@@ -294,8 +294,6 @@ def closed_loop_switches(d: dict) -> str:
         rows.append([str(i), named, str(check["depth_retunes"]), str(check["due_crossings"]), check["verdict"]])
     return table(["repeat", "on/off switches", "depth retunes", "crossings due a switch", "verdict"], rows)
 
-
-# --- the registry -----------------------------------------------------------------------------------------
 
 # --- multi-LoRA -------------------------------------------------------------------------------------------
 
@@ -344,6 +342,9 @@ def published_table(series_id: str) -> Callable[[dict], str]:
         return table(header, [[name] + [f"{r[name]:.2f}" for r in rows]
                               for name in ("published", "roofline", "proposal")])
     return render
+
+
+# --- the registry -----------------------------------------------------------------------------------------
 
 FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("engine.vs_transformers", ENGINE, lambda d: times(d["ratios"]["transformers_static16"])),

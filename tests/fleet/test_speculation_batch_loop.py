@@ -45,7 +45,7 @@ def auto_run():
 # by the model speculation rightly stays on at the peak (and on an Intel host of the full-length closed loop
 # always on beat always off there by 17%). One-token matches leave the band at both ends, but while speculating
 # the plan's token budget (80) runs about 44 sequences a step, near or under the off edge the loop prices at the
-# acceptance it sees, and the queue that builds turns speculation off for CostsReplicas instead.
+# acceptance it sees, and a queue that builds first can turn speculation off for CostsReplicas instead.
 # tests/operator/test_cost_profile.py holds the prices.
 @pytest.mark.xfail(strict=False, reason="no break-even batch under the cap at these prompts' acceptance")
 def test_speculation_goes_off_when_the_batch_rises_and_on_when_it_falls(auto_run):

@@ -1,14 +1,16 @@
 """Step costs: the planner sizes from a measured profile when one exists, from the roofline otherwise."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from cost_profiles import CPU_FITS, cpu_catalog, cpu_cost, cpu_profile, write_profile, write_text
 
 from specfleet.engine.profile_model import StepFit, save
-from specfleet.operator import capacity, catalogs, planner
+from specfleet.operator import api, capacity, catalogs, planner
 from specfleet.operator import cost as c
 from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, read_catalog
 from specfleet.operator.cost import ObservedStep, fit_error, profile_cost, refine, verifying_share
@@ -298,22 +300,43 @@ def test_the_speculation_threshold_is_the_last_batch_that_pays_past_a_gap_below_
     assert pays[threshold - 1] and not any(pays[threshold:])
 
 
-def _shipped_k1_speedup(alpha: float, share: float, ctx: int = 300):
-    cost = catalogs.profiles().entries[("smollm2-135m", "cpu")].cost
-    return cost, lambda b: (c.goodput(cost, b, ctx, alpha, 1, share=share) / c.goodput(cost, b, ctx, alpha, 0))
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "smollm2-cpu.yaml"
+
+
+def _example_service() -> capacity.ServiceModel:
+    """The service the slow batch-loop test runs: the example CR, planned on the shipped profile catalogue."""
+    spec = api.parse_spec(yaml.safe_load(EXAMPLE.read_text())["spec"])
+    plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
+    return capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models())
+
+
+def _measured(name: str) -> tuple[float, float]:
+    """(acceptance, draft share) of copy-heavy prompts: with two-token matches at the full-length closed
+    loop's peak (auto), with one-token matches in the steady k = 1 run."""
+    data = json.loads((RESULTS / name).read_text())
+    if "runs" in data:
+        peak = data["runs"]["auto"]["phases"]["peak"]
+        return peak["acceptance"], peak["draft_tokens_per_seq_step"]
+    row = next(r for r in data["break_even"] if r["workload"] == "copy-heavy")
+    return row["acceptance_rate"], row["draft_share"]
 
 
 def test_the_shipped_profile_prices_two_token_matches_inside_the_band_and_one_token_matches_out_of_it():
-    """What docs/control.md says of the slow batch-loop test (tests/fleet/test_speculation_batch_loop.py): at
-    copy-heavy acceptance with two-token matches (0.75, draft share 0.51, as the full-length closed loop's
-    peak saw it) k = 1 never falls below the dead band up to the plan's cap; with one-token matches (0.57,
-    0.79: benchmarks/results/speculation_steady_k1_ngram1.json) it leaves the band at batch 1 and at 48,
-    and the off edge moves from tens to hundreds between an acceptance of 0.57 and 0.65."""
-    cost, two_token = _shipped_k1_speedup(0.75, 0.51)
-    band = cost.fit_error
-    assert all(two_token(b) > 1 - band for b in range(1, 55))
-    _, one_token = _shipped_k1_speedup(0.57, 0.79)
-    assert one_token(1) == pytest.approx(1.25, abs=0.01) and one_token(48) == pytest.approx(0.92, abs=0.01)
-    assert one_token(1) > 1 + band and one_token(48) < 1 - band
-    off_edge = {a: c.max_batch_for_speculation(cost, 300, a, 1, share=0.79, margin=-band) for a in (0.57, 0.65)}
-    assert off_edge[0.57] == 33 and off_edge[0.65] == 169, off_edge
+    """What docs/control.md says of the slow batch-loop test (tests/fleet/test_speculation_batch_loop.py), priced
+    as its controller prices it: with two-token matches the best depth never falls below the dead band up to
+    the plan's cap; with one-token matches k = 1 leaves the band at batch 1 and at 48, and the off edge moves
+    from tens to hundreds of sequences between the measured acceptance and 0.65."""
+    model = _example_service()
+    band = model.calibration.fit_error
+    alpha, share = _measured("closed_loop_full.json")
+    two_token = model.with_draft_share(share)
+    assert all(two_token.speedup(b, alpha)[0] > 1 - band for b in range(1, model.max_num_seqs + 1))
+    alpha, share = _measured("speculation_steady_k1_ngram1.json")
+    one_token = replace(model, max_k=1).with_draft_share(share)
+    assert one_token.speedup(1, alpha)[0] == pytest.approx(1.25, abs=0.01)
+    assert one_token.speedup(48, alpha)[0] == pytest.approx(0.92, abs=0.01)
+    assert one_token.speedup(1, alpha)[0] > 1 + band and one_token.speedup(48, alpha)[0] < 1 - band
+    off_edge = [one_token.max_batch_for_speculation(a, -band) for a in (alpha, 0.65)]
+    assert off_edge == [34, 194], off_edge

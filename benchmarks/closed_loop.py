@@ -97,17 +97,21 @@ class Settings:
     ready_timeout_s: float = 600.0
     logs_dir: Path | None = None         # where each run's `specfleet up` logs are copied (None: dropped)
     speculation: tuple[tuple[str, object], ...] = ()     # more spec.speculation fields (promptLookupMin, ...)
+    slo: tuple[tuple[str, object], ...] = ()             # spec.slo fields to change (itlP99Ms, ...)
 
 
 # -- the fleet ---------------------------------------------------------------------------------------------
-def manifest(mode: str, speculation: tuple[tuple[str, object], ...] = ()) -> dict:
-    """The example CR with one fixed replica, speculation forced to `mode` and given `speculation`'s fields."""
+def manifest(mode: str, speculation: tuple[tuple[str, object], ...] = (),
+             slo: tuple[tuple[str, object], ...] = ()) -> dict:
+    """The example CR with one fixed replica, speculation forced to `mode` and given `speculation`'s fields,
+    its SLO changed by `slo`'s."""
     if mode not in MODES:
         raise ValueError(f"speculation mode must be one of {', '.join(MODES)}, got {mode!r}")
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["replicas"] = 1
     doc["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 1}
     doc["spec"]["speculation"].update(speculation, mode=mode)
+    doc["spec"]["slo"].update(slo)
     return doc
 
 
@@ -612,7 +616,7 @@ def switch_summary(checks: list[dict]) -> dict:
 
 # -- one run, all runs -----------------------------------------------------------------------------------------
 def run_mode(mode: str, settings: Settings, progress=None) -> dict:
-    doc = manifest(mode, settings.speculation)
+    doc = manifest(mode, settings.speculation, settings.slo)
     slo = doc["spec"]["slo"]
     targets = (slo["ttftP99Ms"] / 1000, slo["itlP99Ms"] / 1000)
     trace = settings.trace
@@ -716,19 +720,19 @@ def run_all(settings: Settings) -> dict:
     return {"config": config(settings), "runs": merged, "checks": checks}
 
 
-def speculation_fields(pairs: list[str], parser: argparse.ArgumentParser) -> tuple[tuple[str, object], ...]:
+def cr_fields(pairs: list[str], parser: argparse.ArgumentParser) -> tuple[tuple[str, object], ...]:
     """FIELD=VALUE pairs, each value read as YAML (numbers stay numbers)."""
     fields = []
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            parser.error(f"--speculation takes FIELD=VALUE, got {pair!r}")
+            parser.error(f"--speculation and --slo take FIELD=VALUE, got {pair!r}")
         fields.append((name, yaml.safe_load(value)))
     return tuple(fields)
 
 
 def config(settings: Settings) -> dict:
-    doc = manifest("auto", settings.speculation)
+    doc = manifest("auto", settings.speculation, settings.slo)
     return {"command": " ".join([".venv/bin/python", "benchmarks/closed_loop.py", *sys.argv[1:]]),
             "trace": {"phases": [asdict(p) for p in settings.trace.phases], "max_tokens": settings.trace.max_tokens},
             "modes": list(settings.modes), "control_interval_s": settings.interval_s,
@@ -793,6 +797,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--speculation", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="more spec.speculation fields of the CR, e.g. promptLookupMin=1 minAcceptanceRate=0.3")
+    parser.add_argument("--slo", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help="spec.slo fields of the CR to change, e.g. itlP99Ms=500")
     parser.add_argument("--logs", type=Path, help="keep each run's `specfleet up` logs (and its Prometheus "
                         "folder, TSDB included) under this folder")
     parser.add_argument("--render-only", type=Path, metavar="JSON",
@@ -814,7 +820,8 @@ def main() -> None:
             parser.error(f"unknown phase(s) {sorted(unknown)}; the trace has {[p.name for p in trace.phases]}")
         trace = Trace(tuple(p for p in trace.phases if p.name in args.phases), trace.max_tokens, trace.seed)
     settings = Settings(trace, tuple(args.modes), args.interval, args.dwell, args.seed, args.repeats, args.port,
-                        logs_dir=args.logs, speculation=speculation_fields(args.speculation, parser))
+                        logs_dir=args.logs, speculation=cr_fields(args.speculation, parser),
+                        slo=cr_fields(args.slo, parser))
     result = {**stamp("benchmarks/closed_loop.py", sys.argv[1:]), **run_all(settings)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -118,6 +118,7 @@ def speculation_table(d: dict) -> str:
 
 SPECULATION_K1 = "speculation_steady_k1.json"
 SPECULATION_K1_NGRAM1 = "speculation_steady_k1_ngram1.json"   # one-token n-gram matches
+SPECULATION_XEON = "speculation_steady_k1_ngram1_xeon.json"    # the same on the Intel host, its own profile
 
 
 def _spread(values: list) -> str:
@@ -141,6 +142,12 @@ def priced_by_batch_table(d: dict) -> str:
              "yes" if e["measured_range"][0] <= e["predicted_profile"] <= e["measured_range"][1] else "no"]
             for e in d["speedup_by_batch"]]
     return table(["workload", "batch", "measured", "profile prices", "in range"], rows)
+
+
+def priced_summary(d: dict) -> str:
+    """Per cost and workload: the share of batches priced inside the measured range, and the median error."""
+    return "; ".join(f"{key.replace('/', ', ')}: {v['in_range']:.0%} of the batches in range, median error "
+                     f"{v['median_abs_error']:.1%}" for key, v in d["speedup_by_batch_summary"].items())
 
 
 def repriced_line(d: dict) -> str:
@@ -371,6 +378,12 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("speculation_k1_ngram1.break_even", SPECULATION_K1_NGRAM1, break_even_table),
     Figure("speculation_k1_ngram1.priced", SPECULATION_K1_NGRAM1, priced_by_batch_table),
     Figure("speculation_k1_ngram1.provenance", SPECULATION_K1_NGRAM1, provenance_line),
+    Figure("speculation_k1_ngram1.summary", SPECULATION_K1_NGRAM1, priced_summary),
+    Figure("speculation_xeon.break_even", SPECULATION_XEON, break_even_table),
+    Figure("speculation_xeon.priced", SPECULATION_XEON, priced_by_batch_table),
+    Figure("speculation_xeon.provenance", SPECULATION_XEON, provenance_line),
+    Figure("speculation_xeon.repriced", SPECULATION_XEON, repriced_line),
+    Figure("speculation_xeon.summary", SPECULATION_XEON, priced_summary),
     Figure("operator.scale_5000", SCALE_5000, scale_table),
     Figure("operator.scale_5000.provenance", SCALE_5000, provenance_line),
     Figure("operator.scale_5000_paced", SCALE_5000_PACED, scale_table),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 PROFILE_VERSION = 1
 STEP_KINDS = ("decode", "verify", "prefill")
@@ -132,6 +133,17 @@ def from_json(data: dict) -> Profile:
                         for a in data.get("acceptance", [])])
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed profile: {exc}") from exc
+
+
+def host_key(host: Mapping) -> str:
+    """A profile's or an engine's CPU as one comparable key: vendor, family/model and vector ISA
+    ("Intel 6/207 AVX512"), or the CPU's name and ISA where no family/model was recorded ("" for none).
+    Cores and threads are left out: a replica's step costs per its own threads, which the profile's
+    command sets. Two CPUs of one family/model share a microarchitecture, so their steps cost alike
+    per core whatever the SKU's name."""
+    name, isa, family = (str(host.get(key) or "").strip() for key in ("cpu", "isa", "family_model"))
+    vendor = next((v for v in ("AMD", "Intel") if v.lower() in name.lower()), name)
+    return " ".join(part for part in ((vendor, family) if family else (name,)) + (isa,) if part)
 
 
 def load(path: str | Path) -> Profile:

@@ -15,8 +15,6 @@ draft share come from generating on a prompt set with speculation on and reading
 from __future__ import annotations
 
 import logging
-import os
-import platform
 import statistics
 import subprocess
 import time
@@ -29,6 +27,7 @@ import torch
 
 from specfleet.engine.config import EngineConfig
 from specfleet.engine.engine import LLMEngine
+from specfleet.engine.host import host_info
 from specfleet.engine.profile_model import Acceptance, Profile, StepPoint, fit_profile
 from specfleet.engine.sampling_params import SamplingParams
 from specfleet.engine.scheduler import SchedulerOutput
@@ -322,22 +321,6 @@ def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return "cpu"
-
-
-def host_info() -> dict:
-    """What a profile's figures depend on: the CPU (its name, family/model where the name is masked, as on
-    cloud VMs, and the vector ISA torch dispatches to), the cores and the torch threads."""
-    info = {"cpu": platform.processor() or platform.machine()}
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        fields = dict(line.split(":", 1) for line in cpuinfo.read_text().split("\n\n", 1)[0].splitlines()
-                      if ":" in line)
-        fields = {key.strip(): value.strip() for key, value in fields.items()}
-        info["cpu"] = fields.get("model name", info["cpu"])
-        if "cpu family" in fields and "model" in fields:
-            info["family_model"] = f"{fields['cpu family']}/{fields['model']}"
-    info["isa"] = torch.backends.cpu.get_cpu_capability()
-    return {**info, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()}
 
 
 def engine_commit() -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from specfleet.operator import capacity
 from specfleet.operator.api import InferenceServiceSpec
 from specfleet.operator.catalogs import Gpu, GpuCatalog, ModelCatalog
-from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, ProfileCatalog
+from specfleet.operator.catalogs.profile_catalog import NO_PROFILES, ProfileCatalog, ProfileEntry
 from specfleet.operator.catalogs.profile_match import refusal
 from specfleet.operator.cost import (Architecture, Calibration, CostSource, ProfileCost, Roofline, StepCost, best_k,
                                      draft_time_fn, goodput, kv_blocks, kv_bytes_per_token, kv_pool_bytes,
@@ -136,14 +136,22 @@ def _profile(spec: InferenceServiceSpec, profiles: ProfileCatalog, gpu: Gpu,
     entry = profiles.lookup(spec.model, spec.accelerator.type)
     if entry is None:
         return None, planned_source(None)
+    cost, why, refused = usable_profile(entry, spec, gpu, models)
+    return cost, planned_source(cost, why, refused=refused)
+
+
+def usable_profile(entry: ProfileEntry, spec: InferenceServiceSpec, gpu: Gpu,
+                   models: ModelCatalog) -> tuple[ProfileCost | None, str, bool]:
+    """The entry's cost where it may price the service; else None, why not, and whether that is a refusal
+    (a file that cannot be read, or measured on another model or machine) rather than another dtype."""
     refused = entry.error or (refusal(entry.cost, entry.name, spec.model, gpu, models) if entry.cost else "")
     if refused or entry.cost is None:
-        return None, planned_source(None, refused, refused=True)
+        return None, refused, True
     if entry.cost.dtype not in ("", spec.model.dtype):
         # the engine runs the declared dtype (render passes it), so a profile of another one is not its cost
-        return None, planned_source(None, f"profile {entry.name} was measured in {entry.cost.dtype}; "
-                                          f"spec.model.dtype is {spec.model.dtype}")
-    return entry.cost, planned_source(entry.cost)
+        return None, f"profile {entry.name} was measured in {entry.cost.dtype}; spec.model.dtype is " \
+                     f"{spec.model.dtype}", False
+    return entry.cost, "", False
 
 
 def _unknown_model(source: str) -> str:

@@ -140,6 +140,7 @@ def _infeasible(result: Infeasible, generation: int, selector: str, previous: Se
 
 ADAPTER_FAILED = "AdapterFailed"
 PROFILE_REFUSED = "ProfileRefused"
+PROFILE_HOST_MISMATCH = "ProfileHostMismatch"
 FEASIBLE = Condition("Degraded", FALSE, "PlanFeasible", "the plan meets the declared SLO")
 
 
@@ -167,6 +168,19 @@ def adapter_degraded(previous: Sequence[dict], adapter_problems: Sequence[str]) 
     if adapter_problems and reason in (None, FEASIBLE.reason, ADAPTER_FAILED):
         return Condition("Degraded", TRUE, ADAPTER_FAILED, "; ".join(adapter_problems))
     if not adapter_problems and reason == ADAPTER_FAILED:
+        return FEASIBLE
+    return None
+
+
+def host_degraded(previous: Sequence[dict], mismatch: str) -> Condition | None:
+    """Degraded as the control loop's host check sees it (`control/profile_host.py`), as `adapter_degraded`
+    decides its own: ProfileHostMismatch while the engines run on a CPU that no profile of the service was
+    measured on and the plan is otherwise fine; back to PlanFeasible once one prices them. None: leave it."""
+    reason = (_condition(previous, "Degraded") or {}).get("reason")
+    if mismatch and reason in (None, FEASIBLE.reason, PROFILE_HOST_MISMATCH):
+        return Condition("Degraded", TRUE, PROFILE_HOST_MISMATCH, f"{mismatch}: the roofline prices the steps "
+                                                                  "instead, refined online")
+    if not mismatch and reason == PROFILE_HOST_MISMATCH:
         return FEASIBLE
     return None
 

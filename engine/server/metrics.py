@@ -6,7 +6,9 @@ step; latency histograms and the per-step ones are observed as they happen. Coun
 `vllm:lora_requests_info` carries vLLM's labels (the adapters of running and waiting requests, max_lora)
 and the time of the engine snapshot as its value; only the current label set is exported.
 `specfleet:lora_adapter_info` is 1 for every adapter the server serves, busy or not (the gateway routes
-adapter requests by it, from the same scrape as its queue depth).
+adapter requests by it, from the same scrape as its queue depth). `specfleet:host_info` is 1, labelled
+with the CPU the engine runs on (`host.this_host`): the operator prices a service with a CPU profile only
+where its engines run on the profile's CPU.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram, Summary, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from specfleet.engine.host import this_host
 from specfleet.engine.stats import StepRecord
 
 prometheus_client.disable_created_metrics()       # no `_created` series, as vLLM
@@ -189,6 +192,11 @@ class _EngineCollector:
             proposed.add_metric([name, str(depth)], count)
         yield proposed
         yield from self._speculation(name, engine)
+        host = GaugeMetricFamily("specfleet:host_info", "1, labelled with the CPU this engine runs on (vendor, "
+                                 "family/model, vector ISA): a CPU profile prices only engines on its own.",
+                                 labels=["model_name", "host"])
+        host.add_metric([name, this_host()], 1.0)
+        yield host
         if engine is not None and engine.engine.config.enable_lora:
             yield _lora_info(snap, engine.engine.config.max_loras)
             yield _lora_adapters(name, self.metrics.loras)

@@ -5,11 +5,12 @@ file itself records what `specfleet engine profile` ran (`model`, `device`). A f
 name, or measured on another machine, is refused here (`refusal`), and the planner prices the service on
 the roofline and says why. A field the profile leaves empty is not checked (hand-made profiles).
 
-What is not checked, and why: the CPU a CPU profile was measured on (`host`: model, family, vector ISA,
-cores) - the operator does not see the node its pods will run on, and a catalogue entry (`cpu`) names no
-CPU; the engine commit - it changes with every commit to the repository while the step costs rarely do,
-and the online calibration scales a profile toward what the engines are seen to take (within x5). A
-profile format that this specfleet cannot read is refused when the file is read (`profile_format.from_json`).
+Not checked here: the CPU a CPU profile was measured on (`host`) - a plan is made before any pod exists,
+and the catalogue's `cpu` names no CPU; the control loop checks it against the CPU the engines report
+(`control/profile_host.py`). The engine commit - it changes with every commit to the repository while the
+step costs rarely do, and the online calibration scales a profile toward what the engines are seen to
+take (within x5). A profile format that this specfleet cannot read is refused when the file is read
+(`profile_format.from_json`).
 """
 from __future__ import annotations
 

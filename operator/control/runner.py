@@ -30,8 +30,8 @@ from typing import Callable
 import httpx
 
 from specfleet.operator import api, capacity, catalogs, model_folder, planner, render, status
-from specfleet.operator.control import discovery, loop, scale_down, speculation, telemetry
-from specfleet.operator.cost import recalibrate_from
+from specfleet.operator.control import discovery, loop, profile_host, scale_down, speculation, telemetry
+from specfleet.operator.cost import ProfileCost, recalibrate_from
 from specfleet.operator.control.discovery import EnginePod
 from specfleet.operator.control.window import Scrape, Window, build_window
 from specfleet.operator.control.sources import DirectSource, PrometheusSource, SourceReport
@@ -57,6 +57,14 @@ class Planned:
     generation: int
     spec: api.InferenceServiceSpec | None
     plan: planner.Plan | None
+    profiles: tuple[ProfileCost, ...] = ()      # every usable profile of the pair, one per host measured
+
+
+def _usable_profiles(spec: api.InferenceServiceSpec) -> tuple[ProfileCost, ...]:
+    """Every profile of the service's (model, accelerator) that may price it, whatever its host."""
+    gpu, models = catalogs.gpus().get(spec.accelerator.type), catalogs.models()
+    entries = catalogs.profiles().variants(spec.model, spec.accelerator.type) if gpu is not None else ()
+    return tuple(cost for entry in entries if (cost := planner.usable_profile(entry, spec, gpu, models)[0]))
 
 
 def now_iso() -> str:
@@ -132,6 +140,7 @@ class ServiceControl:
         previous = st.prev
         st.prev = {**{p: s for p, s in st.prev.items() if p in endpoints}, **scrapes}
         st.recent = dict(st.prev)
+        host_events, host_conditions = self._priced_for_hosts(scrapes, planned, body)
         if window is not None and window.complete and st.speculation is not None:
             st.model = recalibrate_from(st.model, window, st.speculation.k)
         waiting = tuple(p.unschedulable for p in discovery.unschedulable(pods))
@@ -142,8 +151,8 @@ class ServiceControl:
             step.conditions = [c for c in step.conditions if c.type != "SLOMet"]
         step.budget, at_risk, events = loop.observe_budget(st, scrapes, set(endpoints), self.clock(),
                                                            spec.slo.objective)
-        step.conditions += ([at_risk] if at_risk is not None else []) + [source_condition(report)]
-        step.events += events
+        step.conditions += ([at_risk] if at_risk is not None else []) + [source_condition(report)] + host_conditions
+        step.events += events + host_events
         if step.scale is not None and step.scale.changed and step.scale.desired < step.scale.current:
             step.events += await self._mark_for_deletion(pods, scrapes, previous, step.scale.desired)
         await self._apply(spec, step, endpoints, scrapes)
@@ -153,6 +162,19 @@ class ServiceControl:
         old = body.get("status") or {}
         calibration = effective_patch(old.get("calibration") or {}, status.calibration_dict(st.model.calibration))
         return ControlOutcome({**loop.status_patch(body, step, when), "calibration": calibration}, step.events)
+
+    def _priced_for_hosts(self, scrapes: dict[str, Scrape], planned: Planned,
+                          body: dict) -> tuple[list[tuple[str, str, str]], list[api.Condition]]:
+        """Price the service with the profile of the CPU its engines report (`profile_host`): the Event of a
+        change, and the Degraded condition the check sets or clears."""
+        chosen = profile_host.pricing(planned.plan.profile, planned.profiles, profile_host.engine_hosts(scrapes))
+        if chosen is None:
+            return [], []
+        before = self.state.model
+        self.state.model = profile_host.repriced(before, chosen)
+        event = profile_host.change_event(before, self.state.model, chosen)
+        condition = status.host_degraded((body.get("status") or {}).get("conditions") or [], chosen.reason)
+        return [event] if event else [], [condition] if condition else []
 
     def _awaiting_samples(self, scrapes: dict[str, Scrape]) -> bool:
         """Whether to wait for a pod's next sample before stepping: Prometheus samples at its own pace, so an
@@ -226,7 +248,7 @@ class ServiceControl:
             if spec_state is not None:
                 spec_state = loop.restored_speculation(old_status, spec_state, generation, self.wall(), self.clock())
             self.state = loop.ServiceLoop(generation, model, speculation=spec_state, config=self.config, **seeded)
-        self.planned = Planned(generation, spec, plan)
+        self.planned = Planned(generation, spec, plan, _usable_profiles(spec))
         return self.planned
 
     async def before_spec_scale_down(self, pods: list[EnginePod], desired: int) -> list[tuple[str, str, str]]:

@@ -134,4 +134,5 @@ def scrape_from_series(series: list[tuple[str, dict, float]], at: float) -> Scra
     return Scrape(at, counters, gauges, _histograms(buckets, sums))
 
 
-SERIES_LABELS = ("model_name", "le", "batch_size_bucket", "speculating", "finished_reason", "reason", "position")
+SERIES_LABELS = ("model_name", "le", "batch_size_bucket", "speculating", "finished_reason", "reason", "position",
+                 "host")

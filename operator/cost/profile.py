@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specfleet.engine.profile_format import Profile, StepFit
+from specfleet.engine.profile_format import Profile, StepFit, host_key
 from specfleet.operator.cost.observed import ObservedStep, predicted
 
 SCALE_BOUND = 5.0       # an online scale stays within [1 / bound, bound] of the measured profile
@@ -34,6 +34,7 @@ class ProfileCost:
     dtype: str = ""                      # what the engine ran while measured ("": not recorded)
     model: str = ""                      # the model it was measured on, as `--model` named it ("": not recorded)
     device: str = ""                     # "cpu" or the GPU's name as torch reports it ("": not recorded)
+    host: str = ""                       # a CPU profile's host (`profile_format.host_key`; "": not recorded)
     decode_scale: float = 1.0            # online: observed / profile for plain (decode and mixed) steps
     verify_scale: float = 1.0            # online: the same for speculative steps
 
@@ -105,7 +106,8 @@ def profile_cost(profile: Profile, name: str) -> ProfileCost:
     notes += ([f"fits with no more points than parameters not used, their steps priced by the decode fit: "
                f"{', '.join(few)}"] if few else [])
     return ProfileCost(name, decode, fits.get("verify"), fits.get("prefill"), fit_error=error, num_points=points,
-                       refused="; ".join(notes), dtype=profile.dtype, model=profile.model, device=profile.device)
+                       refused="; ".join(notes), dtype=profile.dtype, model=profile.model, device=profile.device,
+                       host=host_key(profile.host or {}) if profile.device == "cpu" else "")
 
 
 def _too_few_points(kind: str, fits: dict[str, StepFit]) -> str:

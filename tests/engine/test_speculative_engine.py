@@ -103,6 +103,22 @@ def test_disabled_or_zero_depth_takes_the_plain_path_and_counts_counterfactuals(
         llm.set_speculation(num_speculative_tokens=9)
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_counterfactual_guesses_are_as_deep_as_the_switch_holds_k_while_off(models, k):
+    """The operator converts the counterfactual rate at the k the engine reports: a guess scored while off is
+    that many tokens long, no more (n-gram acceptance falls with the position)."""
+    llm = spec_llm(models, "ngram")
+    llm.set_speculation(enabled=False, num_speculative_tokens=k)
+    settled = []
+    speculator = llm.engine.speculator
+    settle = speculator._settle
+    speculator._settle = lambda guess, matched: (settled.append(len(guess)), settle(guess, matched))
+    prompts = [[5, 6, 7, 8] * 12 for _ in range(4)]                 # repeats: the n-gram drafter finds matches
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
+    assert settled and max(settled) == k, settled
+    assert sum(settled) == llm.engine.stats.counterfactual_draft_tokens
+
+
 def test_steps_count_verifying_sequences_as_decoding_and_the_draft_share_is_exported(models, mixed_prompts):
     llm = spec_llm(models, "ngram")
     records = []

@@ -340,3 +340,18 @@ def test_the_shipped_profile_prices_two_token_matches_inside_the_band_and_one_to
     assert one_token.speedup(1, alpha)[0] > 1 + band and one_token.speedup(48, alpha)[0] < 1 - band
     off_edge = [one_token.max_batch_for_speculation(a, -band) for a in (alpha, 0.65)]
     assert off_edge == [34, 194], off_edge
+
+
+def test_the_batch_loop_service_lets_a_speculating_batch_pass_the_off_edge():
+    """The slow batch-loop test's service (the example CR at an ITL target of 500 ms, one-token matches, k <= 1)
+    plans 119 sequences and 256 tokens a step, room for a speculating batch past the off edge the shipped
+    profile prices at the acceptance the steady run measured (the example's 80 tokens held it near 44)."""
+    doc = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    spec = api.parse_spec({**doc, "slo": {**doc["slo"], "itlP99Ms": 500},
+                           "speculation": {**doc["speculation"], "maxSpeculativeTokens": 1, "minAcceptanceRate": 0.3}})
+    plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
+    assert (plan.max_num_seqs, plan.max_num_batched_tokens) == (119, 256)
+    model = capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models())
+    alpha, share = _measured("speculation_steady_k1_ngram1.json")
+    off_edge = model.with_draft_share(share).max_batch_for_speculation(alpha, -model.calibration.fit_error)
+    assert off_edge * 1.15 < min(plan.max_num_seqs, plan.max_num_batched_tokens / (1 + share)), off_edge

@@ -44,6 +44,16 @@ def test_metrics_have_the_contract_names_and_types(live_server):
     assert "_created" not in text and 'quantile="' not in text
 
 
+def test_the_engine_reports_the_cpu_it_runs_on_as_a_profile_records_it(live_server):
+    from specfleet.engine.host import host_info
+    from specfleet.engine.profile_format import host_key
+
+    samples = scrape(live_server.base_url)
+    hosts = [key for key in samples if key.startswith("specfleet:host_info{")]
+    assert hosts == [f"specfleet:host_info{{host={host_key(host_info())},model_name=tiny}}"], hosts
+    assert samples[hosts[0]] == 1.0
+
+
 def test_counters_and_histograms_move_with_a_request(live_server, http):
     label = "{model_name=tiny}"
     before = scrape(live_server.base_url)

@@ -3,7 +3,7 @@
 
 As the clients rise from 2 to 110 the batch crosses the break-even the operator reports and speculation goes off
 for `BatchAboveThreshold`; as they fall back to 2 it comes back on (`SpeculationPays`). No decision may be
-`LowAcceptance`. Control interval 2 s, dwell 4 s; ~4 min on 2 cores. Why this service (docs/control.md, "Slow
+`LowAcceptance`. Control interval 2 s, dwell 4 s; ~3 min on 2 cores. Why this service (docs/control.md, "Slow
 test"): on a CPU the priced speed-up of k = 1 leaves the dead band only at a few sequences and past several
 tens, so the plan must let the batch run past the off edge while speculating: an ITL target of 500 ms sizes
 119 sequences and a token budget of 256 (the example's 200 ms sized 54 and 80, and 80 tokens hold a

@@ -630,6 +630,7 @@ def run_mode(mode: str, settings: Settings, progress=None) -> dict:
         poller.halt.set()
         poller.join(10)
         switched = switches(fleet, t0_wall)
+        calibration = (fleet.service().get("status") or {}).get("calibration")    # what priced the steps at the end
         picture = fleet_timeline(fleet, trace, t0_wall, switched, settings, targets)
     samples = poller.samples
     phases = {name: span_figures(requests, samples, start, end, targets) for name, start, end in trace.bounds()}
@@ -637,7 +638,7 @@ def run_mode(mode: str, settings: Settings, progress=None) -> dict:
     crossed = crossings(series)
     thresholds = sorted({s.threshold for s in samples if s.threshold is not None})
     return {"phases": phases, "overall": span_figures(requests, samples, 0.0, trace.duration, targets),
-            "switches": switched, "thresholds_reported": thresholds,
+            "switches": switched, "thresholds_reported": thresholds, "calibration": calibration,
             # [t, window batch, threshold, SpeculationActive reason]
             "batch_series": [[round(t, 1), round(b, 2), th, why] for t, b, th, why in series],
             "requests": {"sent": len(requests), "failed": sum(1 for r in requests if r.error),

@@ -72,3 +72,19 @@ def test_the_loop_decides_and_no_decision_is_for_low_acceptance_on_copy_heavy_pr
 
 def test_every_request_of_the_trace_is_answered(auto_run):
     assert auto_run["requests"]["failed"] == 0 and auto_run["requests"]["sent"] >= 24, auto_run["requests"]
+
+
+def test_the_loop_prices_the_engines_with_the_profile_of_the_cpu_they_report(auto_run):
+    """The engines report their CPU through Prometheus; the loop prices them with the catalogue's profile of that
+    CPU, or with the roofline and the reason where the catalogue has none (`control/profile_host.py`)."""
+    from specfleet.engine.host import this_host
+    from specfleet.operator import catalogs
+    from specfleet.operator.api import ModelRef
+
+    model = ModelRef(name="smollm2-135m", source="builtin:smollm2-135m")
+    own = [e.name for e in catalogs.profiles().variants(model, "cpu") if e.cost and e.cost.host == this_host()]
+    calibration = auto_run["calibration"]
+    if own:
+        assert calibration["profile"] == own[0], calibration
+    else:
+        assert "profile" not in calibration and this_host() in calibration["reason"], calibration

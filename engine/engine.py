@@ -29,7 +29,7 @@ from specfleet.engine.sequence import Sequence
 from specfleet.engine.speculative.control import SpeculationControl
 from specfleet.engine.speculative.draft import DraftProposer
 from specfleet.engine.speculative.ngram import NgramProposer
-from specfleet.engine.speculative.speculator import COUNTERFACTUAL_K, Speculator
+from specfleet.engine.speculative.speculator import Speculator
 from specfleet.engine.stats import EngineStats, StepRecord
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -294,7 +294,7 @@ class LLMEngine:
         seq.output_logprobs += logprobs[:len(new)]
         self.stats.generation_tokens += len(new)
         if self.speculator and not self._speculating:
-            self.speculator.observe(seq, new, self.speculation.k or COUNTERFACTUAL_K)
+            self.speculator.observe(seq, new, self.speculation.k)
         if seq.finish_reason is not None:
             self.requests.pop(seq.request_id, None)
             self._finish(seq)

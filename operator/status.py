@@ -178,8 +178,7 @@ def host_degraded(previous: Sequence[dict], mismatch: str) -> Condition | None:
     measured on and the plan is otherwise fine; back to PlanFeasible once one prices them. None: leave it."""
     reason = (_condition(previous, "Degraded") or {}).get("reason")
     if mismatch and reason in (None, FEASIBLE.reason, PROFILE_HOST_MISMATCH):
-        return Condition("Degraded", TRUE, PROFILE_HOST_MISMATCH, f"{mismatch}: the roofline prices the steps "
-                                                                  "instead, refined online")
+        return Condition("Degraded", TRUE, PROFILE_HOST_MISMATCH, mismatch)
     if not mismatch and reason == PROFILE_HOST_MISMATCH:
         return FEASIBLE
     return None

@@ -131,11 +131,11 @@ class Speculator:
             self.draft.release(request_id)
 
     # ---- counterfactual acceptance while off -----------------------------------------------
-    def observe(self, seq: Sequence, new_tokens: list[int], depth: int = COUNTERFACTUAL_K) -> None:
+    def observe(self, seq: Sequence, new_tokens: list[int], k: int = 0) -> None:
         """Score the standing n-gram guess against tokens produced without speculation, and count the
         fresh proposal the next step would draft: the draft share per token here, which the controller
-        converts to the share per step it would see speculating. A guess is `depth` tokens long, the k the
-        switch holds while off: the operator converts the rate at the depth the engine reports
+        converts to the share per step it would see speculating. A guess is as deep as `k`, the depth the
+        switch holds while off (COUNTERFACTUAL_K where it holds none): the operator converts the rate at the depth the engine reports
         (`specfleet:num_speculative_tokens`), and n-gram acceptance falls with the position, so a rate
         scored over four tokens read as the rate of one understates the acceptance at k = 1."""
         guess, matched = self._guess.pop(seq.request_id, ([], 0))
@@ -152,7 +152,7 @@ class Speculator:
             guess, matched = [], 0
         fresh = self._fresh(seq) if seq.finish_reason is None and self._room(seq, 1) else []
         if not guess:
-            guess = fresh[:max(depth, 1)]
+            guess = fresh[:k or COUNTERFACTUAL_K]
         if guess:
             self._guess[seq.request_id] = (guess, matched)
 

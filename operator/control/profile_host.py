@@ -17,13 +17,13 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence, TypeVar
 
-from specfleet.operator.control.window import Scrape
+from specfleet.operator.control.window import Scrape, parse_labels
 from specfleet.operator.status import PROFILE_HOST_MISMATCH
 from specfleet.operator.cost import CostSource, ProfileCost, planned_source
 from specfleet.operator.cost.calibration import CostedModel
 from specfleet.operator.cost.source import ROOFLINE
 
-HOST_SERIES = "specfleet:host_info{host="
+HOST_INFO = "specfleet:host_info"
 
 M = TypeVar("M", bound=CostedModel)
 
@@ -35,14 +35,19 @@ class HostPricing:
     profile: ProfileCost | None
     reason: str = ""
 
+    @property
+    def mismatch(self) -> str:
+        """What the Warning Event and the Degraded condition say ("" while a profile prices the engines)."""
+        return "" if self.profile is not None else f"{self.reason}: the roofline prices the steps instead, refined online"
+
 
 def engine_hosts(scrapes: Mapping[str, Scrape]) -> Counter[str]:
     """How many of the scraped pods report each host (none for engines that do not report it)."""
     hosts: Counter[str] = Counter()
     for scrape in scrapes.values():
         for key, value in scrape.gauges.items():
-            if key.startswith(HOST_SERIES) and value > 0:
-                hosts[key[len(HOST_SERIES):].removesuffix("}")] += 1
+            if key.startswith(HOST_INFO + "{") and value > 0 and (host := parse_labels(key)[1].get("host")):
+                hosts[host] += 1
     return hosts
 
 
@@ -81,6 +86,6 @@ def change_event(before: CostedModel, after: CostedModel, chosen: HostPricing) -
     if before is after:
         return None
     if chosen.profile is None:
-        return ("Warning", PROFILE_HOST_MISMATCH, f"{chosen.reason}: the roofline prices the steps instead, refined online")
+        return ("Warning", PROFILE_HOST_MISMATCH, chosen.mismatch)
     return ("Normal", "ProfileSelected", f"profile {chosen.profile.name} prices the steps: measured on "
                                          f"{chosen.profile.host}, the CPU the engines run on")

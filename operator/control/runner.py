@@ -173,7 +173,7 @@ class ServiceControl:
         before = self.state.model
         self.state.model = profile_host.repriced(before, chosen)
         event = profile_host.change_event(before, self.state.model, chosen)
-        condition = status.host_degraded((body.get("status") or {}).get("conditions") or [], chosen.reason)
+        condition = status.host_degraded((body.get("status") or {}).get("conditions") or [], chosen.mismatch)
         return [event] if event else [], [condition] if condition else []
 
     def _awaiting_samples(self, scrapes: dict[str, Scrape]) -> bool:

@@ -23,6 +23,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import closed_loop  # noqa: E402  (benchmarks/closed_loop.py)
 
+from specfleet.engine.host import this_host  # noqa: E402
+from specfleet.operator import catalogs  # noqa: E402
+from specfleet.operator.api import ModelRef  # noqa: E402
 from specfleet.sim.trace import Phase, Trace  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -77,10 +80,6 @@ def test_every_request_of_the_trace_is_answered(auto_run):
 def test_the_loop_prices_the_engines_with_the_profile_of_the_cpu_they_report(auto_run):
     """The engines report their CPU through Prometheus; the loop prices them with the catalogue's profile of that
     CPU, or with the roofline and the reason where the catalogue has none (`control/profile_host.py`)."""
-    from specfleet.engine.host import this_host
-    from specfleet.operator import catalogs
-    from specfleet.operator.api import ModelRef
-
     model = ModelRef(name="smollm2-135m", source="builtin:smollm2-135m")
     own = [e.name for e in catalogs.profiles().variants(model, "cpu") if e.cost and e.cost.host == this_host()]
     calibration = auto_run["calibration"]

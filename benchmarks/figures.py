@@ -348,7 +348,7 @@ def published_table(series_id: str) -> Callable[[dict], str]:
         ks = {r["k"] for r in rows}
         header = ["batch"] + [str(r["batch"]) if len(ks) == 1 else f"{r['batch']} (k={r['k']})" for r in rows]
         return table(header, [[name] + [f"{r[name]:.2f}" for r in rows]
-                              for name in ("published", "roofline", "proposal")])
+                              for name in ("published", "roofline", "former")])
     return render
 
 

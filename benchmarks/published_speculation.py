@@ -1,9 +1,9 @@
 """Published speculative-decoding speed-ups against the operator's GPU pricing, per batch.
 
 No engine runs here: it prices each series of tests/data/published_speculation.yaml (EAGLE-3's SGLang
-and vLLM batch tables, MagicDec's long-context tables) with the operator's roofline and with the
-proposal of docs/speculation-gpu.md (both in tests/published_pricing.py), prints one table per series
-(published, roofline and proposal speed-up at each measured batch; the break-even batches) and writes
+and vLLM batch tables, MagicDec's long-context tables) with the operator's roofline and with its former
+pricing (docs/speculation-gpu.md; both in tests/published_pricing.py), prints one table per series
+(published, roofline and former speed-up at each measured batch; the break-even batches) and writes
 benchmarks/results/published_speculation.json. The numbers are arithmetic, so one run is the result.
 
     python benchmarks/published_speculation.py
@@ -49,12 +49,12 @@ def table(result: dict) -> Table:
     t = Table(title=f"{result['id']}: {result['gpu']}, {result['model']} + {result['draft']}, "
                     f"alpha {result['alpha']}, ctx {result['ctx']}",
               caption=f"break-even: published [{lo}, {hi or '-'}], roofline {be['roofline']}, "
-                      f"proposal {be['proposal']}")
-    for column in ("batch", "k", "published", "roofline", "proposal"):
+                      f"former {be['former']}")
+    for column in ("batch", "k", "published", "roofline", "former"):
         t.add_column(column, justify="right")
     for r in result["rows"]:
         t.add_row(str(r["batch"]), str(r["k"]), f"{r['published']:.2f}", f"{r['roofline']:.2f}",
-                  f"{r['proposal']:.2f}")
+                  f"{r['former']:.2f}")
     return t
 
 

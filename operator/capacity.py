@@ -199,7 +199,7 @@ def service_model(spec, plan, gpus, models) -> ServiceModel | None:
     ctx = min(slo.prompt_tokens + slo.output_tokens // 2, slo.max_context_tokens)
     draft = no_draft_cost
     if sp.method == "draft" and sp.draft_model is not None and models.lookup(sp.draft_model) is not None:
-        draft = draft_time_fn(models.lookup(sp.draft_model).with_dtype(sp.draft_model.dtype), cal, ctx)
+        draft = draft_time_fn(models.lookup(sp.draft_model).with_dtype(sp.draft_model.dtype), shape, cal, ctx)
     return ServiceModel(shape=shape, cal=cal, prior=cal, ctx=ctx, prompt_tokens=slo.prompt_tokens,
                         output_tokens=slo.output_tokens, ttft_s=slo.ttft_p99_ms / 1000, itl_s=slo.itl_p99_ms / 1000,
                         max_num_seqs=_engine_arg(spec, "--max-num-seqs", plan.max_num_seqs),
@@ -276,7 +276,8 @@ def costs_replicas(model: ServiceModel, policy: ReplicaBounds, load: Load | None
     if load is None or load.rps is None or load.rps <= 0 or k < 1:
         return ""
     on, off = model.replica_rps(policy.utilization, alpha, k), model.replica_rps(policy.utilization)
-    if on >= off:
+    # Turning on a fleet whose queue stands wants it clear of a tie, else a recalibration flips it.
+    if on >= off * (1 + (0.0 if carried(model, load) else margin)):
         return ""
     if policy.fixed_replicas and margin == 0 and carried(model, load):
         return ""

@@ -114,7 +114,7 @@ def plan(spec: InferenceServiceSpec, gpus: GpuCatalog, models: ModelCatalog,
     arch = models.lookup(spec.model)
     if arch is None:
         return Infeasible("UnknownModel", _unknown_model(spec.model.source))
-    draft = _draft_time(spec, models, gpu)
+    draft = _draft_shape(spec, models)
     if isinstance(draft, Infeasible):
         return draft
     shape = arch.with_dtype(spec.model.dtype)
@@ -252,8 +252,8 @@ def _up(ms: float) -> float:
     return math.ceil(ms * 10) / 10
 
 
-def _draft_time(spec: InferenceServiceSpec, models: ModelCatalog, gpu: Gpu):
-    """T_draft(B) builder for the speculation method, or Infeasible for an unknown draft model."""
+def _draft_shape(spec: InferenceServiceSpec, models: ModelCatalog):
+    """The draft model's shape for the speculation method, or Infeasible for an unknown draft model."""
     sp = spec.speculation
     if sp.mode == "off" or sp.method == "ngram" or sp.draft_model is None:
         return None
@@ -270,7 +270,7 @@ def _throughput(s: _Sizing) -> float:
 
 def _finish(spec: InferenceServiceSpec, gpu: Gpu, s: _Sizing, draft_shape) -> Plan:
     slo, sp = spec.slo, spec.speculation
-    draft = draft_time_fn(draft_shape, s.cal, s.ctx) if draft_shape is not None else no_draft_cost
+    draft = draft_time_fn(draft_shape, s.shape, s.cal, s.ctx) if draft_shape is not None else no_draft_cost
     ttft_s = prefill_time(s.cost, slo.prompt_tokens, s.chunk, s.batch, s.ctx)
     itl_s = s.cost.mixed(s.batch, s.ctx, s.chunk)
     replicas, warnings, op_batch = _load(spec, s.batch, ttft_s + slo.output_tokens * itl_s)

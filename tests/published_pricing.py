@@ -1,9 +1,10 @@
-"""Published speculative-decoding measurements, priced with the operator's roofline and with a proposed fix.
+"""Published speculative-decoding measurements, priced with the operator's roofline and with its former one.
 
 `load()` reads tests/data/published_speculation.yaml into `Series`; `roofline_speedup` prices one
 series at one batch with the operator's current pricing, reached only through `current_pricing` (the
-one place to change when the cost code moves); `proposal_speedup` prices it with the proposal of
-docs/speculation-gpu.md; `break_even` finds where a priced speed-up crosses 1.
+one place to change when the cost code moves); `former_speedup` prices it as the operator did before
+this comparison changed it (`max(memory, compute)`, a full t_fixed per draft forward: docs/speculation-gpu.md),
+kept here only to show what the change bought; `break_even` finds where a priced speed-up crosses 1.
 Used by tests/operator/test_published_speculation.py and benchmarks/published_speculation.py. Pure.
 """
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import Callable
 import yaml
 
 from specfleet.operator import cost as pm        # the cost package: reached through `current_pricing` and
-from specfleet.operator.api import ARCH_FIELDS   # the proposal's shape arithmetic only
+from specfleet.operator.api import ARCH_FIELDS   # the former pricing's shape arithmetic only
 from specfleet.operator.catalogs import gpus, models
 
 DATA = Path(__file__).parent / "data" / "published_speculation.yaml"
-PRICINGS = ("roofline", "proposal")
+PRICINGS = ("roofline", "former")
 LIMIT = 4096
 
 
@@ -100,40 +101,32 @@ def current_pricing(gpu: str, count: int, model: str) -> tuple[pm.StepCost, pm.C
 
 def roofline_speedup(s: Series, batch: float) -> float:
     """Goodput with speculation at the series' depth over goodput without, as the operator prices it."""
-    cost, cal, _ = current_pricing(s.gpu, s.gpus, s.model)
+    cost, cal, shape = current_pricing(s.gpu, s.gpus, s.model)
     k = s.k_at(batch)
-    draft = pm.draft_time_fn(s.draft.shape, cal, s.draft.ctx or s.ctx)
+    draft = pm.draft_time_fn(s.draft.shape, shape, cal, s.draft.ctx or s.ctx)
     return pm.goodput(cost, batch, s.ctx, s.alpha, k, draft) / pm.goodput(cost, batch, s.ctx, s.alpha, 0, draft)
 
 
-# --- the proposal (docs/speculation-gpu.md): not used by the operator ---------------------------
+# --- the former pricing (docs/speculation-gpu.md): not used by the operator --------------------
 
-def proposal_step(shape: pm.Architecture, cal: pm.Calibration, batch: float, ctx: int, q: float,
-                  fixed: bool = True) -> float:
-    """Proposed step time: memory and compute add (a GEMM of few rows runs far below peak and does not
-    hide behind the weight stream), compute counts attention (4 x layers x heads x head_dim x ctx FLOP
-    a token) beside 2 x parameters, and `fixed=False` leaves out the per-step overhead."""
+def former_step(shape: pm.Architecture, cal: pm.Calibration, batch: float, ctx: int, q: float) -> float:
+    """The step time the operator priced before: the larger of the weight-and-KV stream and the matmul
+    FLOP (2 x parameters a token, no attention), plus t_fixed."""
     memory = (pm.weights_bytes(shape) + batch * ctx * pm.kv_bytes_per_token(shape)) / cal.bw_eff
-    attention = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * ctx
-    compute = batch * q * (2 * shape.parameters + attention) / cal.flops_eff
-    return memory + compute + (cal.t_fixed if fixed else 0.0)
+    compute = 2 * shape.parameters * batch * q / cal.flops_eff
+    return max(memory, compute) + cal.t_fixed
 
 
-def proposal_speedup(s: Series, batch: float) -> float:
-    """Proposed speed-up. A draft phase pays one t_fixed (an engine round trip) and each further draft
-    forward the share of it its depth launches, t_fixed x draft layers / target layers: the k full
-    t_fixed of the current pricing for a full-depth draft (self-speculation), about one for a one-layer
-    EAGLE head."""
+def former_speedup(s: Series, batch: float) -> float:
+    """The former speed-up: every draft forward a full step, t_fixed included."""
     _, cal, shape = current_pricing(s.gpu, s.gpus, s.model)
     k = s.k_at(batch)
-    depth = s.draft.shape.num_layers / shape.num_layers
-    forwards = k * proposal_step(s.draft.shape, cal, batch, s.draft.ctx or s.ctx, 1, fixed=False)
-    drafts = cal.t_fixed * (1 + (k - 1) * depth) + forwards
-    speculative = proposal_step(shape, cal, batch, s.ctx, k + 1) + drafts
-    return pm.expected_tokens(s.alpha, k) * proposal_step(shape, cal, batch, s.ctx, 1) / speculative
+    drafts = k * former_step(s.draft.shape, cal, batch, s.draft.ctx or s.ctx, 1)
+    speculative = former_step(shape, cal, batch, s.ctx, k + 1) + drafts
+    return pm.expected_tokens(s.alpha, k) * former_step(shape, cal, batch, s.ctx, 1) / speculative
 
 
-SPEEDUP: dict[str, Callable[[Series, float], float]] = {"roofline": roofline_speedup, "proposal": proposal_speedup}
+SPEEDUP: dict[str, Callable[[Series, float], float]] = {"roofline": roofline_speedup, "former": former_speedup}
 
 
 def break_even(speedup: Callable[[float], float], start: float = 1, limit: int = LIMIT) -> float:

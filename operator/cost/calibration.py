@@ -1,7 +1,7 @@
 """Calibration: fit a step cost to observed step times, offline and online.
 
-`fit_calibration` fits the roofline's BW_eff, FLOPS_eff and t_fixed to step samples (the simulator's
-baselines fit it to their truth). `recalibrate` refines a running service's cost from the engines'
+`fit_calibration` fits the roofline's BW_eff, FLOPS_eff and t_fixed to step samples in one least-squares
+fit (the simulator's baselines fit it to their truth). `recalibrate` refines a running service's cost from the engines'
 step-time histograms (`Window.steps`, one mean step per batch bucket, at the window's depth and draft
 share: `recalibrate_from`), what the operator and both simulators call each interval:
 
@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Protocol, Sequence, TypeVar
+from typing import Protocol, Sequence, TypeVar
 
 from specfleet.operator.cost.interface import StepCost
-from specfleet.operator.cost.memory import kv_bytes_per_token, weights_bytes
 from specfleet.operator.cost.observed import ObservedStep, fit_error
 from specfleet.operator.cost.profile import ProfileCost, refine
-from specfleet.operator.cost.roofline import Calibration
+from specfleet.operator.cost.roofline import Calibration, step_bytes, token_flops
 from specfleet.operator.cost.shapes import Architecture
 from specfleet.operator.cost.source import ONLINE, CostSource
 
@@ -145,54 +144,58 @@ def _mix(old: float, new: float, prior: float) -> float:
     return min(max(value, prior / BOUND), prior * BOUND)
 
 
-def fit_calibration(samples: Sequence[StepSample], model: Architecture, prior: Calibration,
-                    rounds: int = 4) -> Calibration:
-    """Fit BW_eff, FLOPS_eff and t_fixed to observed step times.
+def fit_calibration(samples: Sequence[StepSample], model: Architecture, prior: Calibration) -> Calibration:
+    """Fit t = t_fixed + bytes / BW_eff + FLOP / FLOPS_eff to observed step times (least squares).
 
-    Each round labels every sample memory- or compute-bound under the current fit, then solves
-    t = t_fixed + bytes/BW (least squares) on the memory-bound ones and FLOPS from the compute-bound
-    ones. Parameters without evidence keep the prior's value.
-    """
-    cal = prior
-    for _ in range(rounds):
-        memory, compute = _split_by_bound(samples, model, cal)
-        cal = _fit_memory(memory, model, cal)
-        cal = _fit_compute(compute, model, cal)
-    return cal
+    At one context and depth the bytes and the FLOP of a step both grow with the batch, so only samples
+    that vary the depth (verify steps) or the context tell the two rates apart. Without them, or where
+    the joint fit gives a rate that is not positive, FLOPS_eff keeps the prior's value and BW_eff and
+    t_fixed are fitted to the time compute leaves. Where that fails too (one batch; or steps of one
+    token budget, all as long whatever their batch), the prior is scaled to the samples' mean time."""
+    rows = [(step_bytes(model, s.batch, s.ctx), s.batch * s.q * token_flops(model, s.ctx), s.seconds)
+            for s in samples]
+    return _fit_both(rows) or _fit_bandwidth(rows, prior) or _fit_scale(rows, prior) or prior
 
 
-def _bytes(model: Architecture, s: StepSample) -> float:
-    return weights_bytes(model) + s.batch * s.ctx * kv_bytes_per_token(model)
+def _fit_both(rows: list[tuple[float, float, float]]) -> Calibration | None:
+    """Both rates and t_fixed, or None where bytes and FLOP move together (|correlation| ~ 1)."""
+    if len(rows) < 3:
+        return None
+    n = len(rows)
+    mb, mf, mt = (sum(r[i] for r in rows) / n for i in range(3))
+    sbb = sum((b - mb) ** 2 for b, _, _ in rows)
+    sff = sum((f - mf) ** 2 for _, f, _ in rows)
+    sbf = sum((b - mb) * (f - mf) for b, f, _ in rows)
+    det = sbb * sff - sbf ** 2
+    if sbb <= 0 or sff <= 0 or det <= 1e-6 * sbb * sff:
+        return None
+    sbt = sum((b - mb) * (t - mt) for b, _, t in rows)
+    sft = sum((f - mf) * (t - mt) for _, f, t in rows)
+    per_byte, per_flop = (sff * sbt - sbf * sft) / det, (sbb * sft - sbf * sbt) / det
+    if per_byte <= 0 or per_flop <= 0:
+        return None
+    return Calibration(bw_eff=1 / per_byte, flops_eff=1 / per_flop, t_fixed=max(0.0, mt - per_byte * mb - per_flop * mf))
 
 
-def _flops(model: Architecture, s: StepSample) -> float:
-    return 2 * model.parameters * s.batch * s.q
-
-
-def _split_by_bound(samples: Iterable[StepSample], model: Architecture, cal: Calibration):
-    memory, compute = [], []
-    for s in samples:
-        bound = memory if _bytes(model, s) / cal.bw_eff >= _flops(model, s) / cal.flops_eff else compute
-        bound.append(s)
-    return memory, compute
-
-
-def _fit_memory(samples: list[StepSample], model: Architecture, cal: Calibration) -> Calibration:
-    xs = [_bytes(model, s) for s in samples]
-    ys = [s.seconds for s in samples]
+def _fit_bandwidth(rows: list[tuple[float, float, float]], cal: Calibration) -> Calibration | None:
+    """BW_eff and t_fixed at `cal`'s FLOPS_eff, or None without two distinct byte counts or a positive slope."""
+    xs = [b for b, _, _ in rows]
     if len(set(xs)) < 2:
-        return cal
-    slope, intercept = _least_squares(xs, ys)
+        return None
+    slope, intercept = _least_squares(xs, [t - f / cal.flops_eff for _, f, t in rows])
     if slope <= 0:
-        return cal
+        return None
     return Calibration(bw_eff=1 / slope, flops_eff=cal.flops_eff, t_fixed=max(intercept, 0.0))
 
 
-def _fit_compute(samples: list[StepSample], model: Architecture, cal: Calibration) -> Calibration:
-    rates = [_flops(model, s) / (s.seconds - cal.t_fixed) for s in samples if s.seconds > cal.t_fixed]
-    if not rates:
-        return cal
-    return Calibration(bw_eff=cal.bw_eff, flops_eff=sum(rates) / len(rates), t_fixed=cal.t_fixed)
+def _fit_scale(rows: list[tuple[float, float, float]], cal: Calibration) -> Calibration | None:
+    """`cal` with every step `observed / predicted` as long (all three parameters alike), or None."""
+    predicted = sum(cal.t_fixed + b / cal.bw_eff + f / cal.flops_eff for b, f, _ in rows)
+    observed = sum(t for _, _, t in rows)
+    if predicted <= 0 or observed <= 0:
+        return None
+    ratio = observed / predicted
+    return Calibration(bw_eff=cal.bw_eff / ratio, flops_eff=cal.flops_eff / ratio, t_fixed=cal.t_fixed * ratio)
 
 
 def _least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:

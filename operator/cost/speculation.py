@@ -1,10 +1,13 @@
 """What speculation gains at a step cost: tokens per step, goodput, the best depth, the break-even batch.
 
     E[tokens|a, k] = (1 - a^(k+1)) / (1 - a)          (every sequence drafts k tokens)
-    goodput(k, B)  = B . E / (T(B, ctx, 1 + share.k) + k . T_draft(B))
+    goodput(k, B)  = B . E / (T(B, ctx, 1 + share.k) + T_draft(B, k))
+    T_draft(B, k)  = t_fixed . (1 + (k - 1) . L_draft / L) + k . T(draft; B, ctx_draft, 1, no t_fixed)
 
 n-gram drafting finds a match only for some sequence-steps (the draft `share`, which may fall with
-the depth); a draft model costs T_draft(B) per token (`draft_time_fn`), n-gram drafting nothing.
+the depth) and costs nothing; a draft model's phase (`draft_time_fn`) is one more engine round trip
+(t_fixed), then each further forward pays the share of it its depth launches (per-layer kernels and
+collectives): about one t_fixed for a one-layer EAGLE head, k of them for a full-depth draft.
 `alpha_from_acceptance` turns a measured acceptance rate into the per-token probability a.
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ from specfleet.operator.cost.shapes import Architecture
 from specfleet.operator.cost.sizing import bisect_last
 
 Share = float | Sequence[float]   # one draft share, or the share at each depth 1, 2, ... (n-gram)
-DraftTime = Callable[[int], float]   # batch -> seconds for one draft token of every sequence
+DraftTime = Callable[[float, int], float]   # (batch, k) -> seconds to draft k tokens for every sequence
 
 
 def share_at(share: Share, k: int) -> float:
@@ -83,14 +86,16 @@ def alpha_from_acceptance(rate: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def no_draft_cost(_batch: int) -> float:
+def no_draft_cost(_batch: float, _k: int) -> float:
     """n-gram drafting runs on the host, overlapped with the step: free in this model."""
     return 0.0
 
 
-def draft_time_fn(draft: Architecture, cal: Calibration, ctx: int) -> DraftTime:
-    """T_draft(B) of a small draft model sharing the target's hardware."""
-    return lambda batch: step_time(draft, cal, batch, ctx, 1)
+def draft_time_fn(draft: Architecture, target: Architecture, cal: Calibration, ctx: int) -> DraftTime:
+    """T_draft(B, k) of a draft model sharing the target's hardware (module docstring)."""
+    depth = draft.num_layers / target.num_layers
+    return lambda batch, k: (cal.t_fixed * (1 + (k - 1) * depth) + k * step_time(draft, cal, batch, ctx, 1, fixed=False)
+                             if k > 0 else 0.0)
 
 
 def spec_step_time(cost: StepCost, batch: int, ctx: int, k: int, draft: DraftTime = no_draft_cost,
@@ -101,7 +106,7 @@ def spec_step_time(cost: StepCost, batch: int, ctx: int, k: int, draft: DraftTim
     cost needs to know how many steps verify."""
     if k <= 0:
         return cost.step(batch, ctx, 1)
-    return cost.step(batch, ctx, 1 + share_at(share, k) * k, share_at(share, 1)) + k * draft(batch)
+    return cost.step(batch, ctx, 1 + share_at(share, k) * k, share_at(share, 1)) + draft(batch, k)
 
 
 def goodput(cost: StepCost, batch: int, ctx: int, alpha: float, k: int, draft: DraftTime = no_draft_cost,

@@ -36,7 +36,7 @@ def test_surge_detection_scales_up_before_the_first_interval_of_a_flash_crowd():
 
 
 def test_deadline_order_keeps_a_share_of_an_overload_in_time_where_fifo_keeps_almost_none():
-    sc = scenarios.adjusted(scenarios.steady(), duration=120, load=1.5)      # ~1.7x what 2 replicas carry
+    sc = scenarios.adjusted(scenarios.steady(), duration=120, load=0.8)      # ~1.8x what 2 replicas carry
     fifo, deadline = (run.simulate(sc, "spec-always-off", fixed_replicas=2, queue_policy=q)
                       for q in ("fifo", "deadline"))
     assert (fifo["queue_policy"], deadline["queue_policy"]) == ("fifo", "deadline")
@@ -54,8 +54,10 @@ def test_a_lower_inflight_target_fraction_buys_more_replicas():
     runs = {f: run.simulate(sc, "inflight-target", knobs={"target_fraction": f}) for f in (0.1, 0.3, 0.7)}
     assert "knobs" not in default and runs[0.7]["knobs"] == {"target_fraction": 0.7}
     assert {k: v for k, v in runs[0.7].items() if k != "knobs"} == default          # 0.7 is the default
-    # (0.7 under-provisions on the profiled H100 and oscillates, so its GPU-hours are not the lowest)
-    assert runs[0.1]["gpu_hours"] > runs[0.3]["gpu_hours"]
+    # 0.3 and 0.7 under-provision on the profiled H100 and oscillate (down to a few replicas, then up past
+    # what 0.1 holds), so GPU-hours do not order by the fraction; the fleet each drops to does.
+    floor = {f: min(x["replicas"] for x in r["series"][1:]) for f, r in runs.items()}
+    assert floor[0.1] > floor[0.3] >= floor[0.7]
     assert runs[0.1]["series"][-1]["replicas"] > runs[0.3]["series"][-1]["replicas"] > default["series"][-1]["replicas"]
 
 

@@ -11,6 +11,7 @@ import pytest
 from specfleet.engine import profile_model as P
 from specfleet.operator import cost
 from specfleet.operator.catalogs import NO_PROFILES
+from specfleet.operator.catalogs.profile_catalog import ProfileCatalog, ProfileEntry
 from specfleet.sim import fleet as F, replay, run, scenarios, truth as T
 from specfleet.sim.trace import Phase, Trace
 
@@ -87,7 +88,10 @@ def test_the_trace_replay_reports_every_phase_and_its_batch_follows_the_clients(
 
 
 def test_the_replay_controller_switches_speculation_off_as_the_batch_grows_and_records_why():
-    r = replay.replay(TRACE, CPU_SPEC, profile(), replay.ReplayConfig(mode="auto"), NO_PROFILES)
+    """Priced by the truth's own profile: what is under test is the switching, not the prior."""
+    priced = ProfileCatalog({("smollm2-135m", "cpu"): ProfileEntry("smollm2-135m--cpu",
+                                                                  cost.profile_cost(profile(), "smollm2-135m--cpu"))})
+    r = replay.replay(TRACE, CPU_SPEC, profile(), replay.ReplayConfig(mode="auto"), priced)
     assert r["phases"]["few"]["speculation_on_share"] > r["phases"]["many"]["speculation_on_share"]
     offs = [s for s in r["switches"] if s["direction"] == "off"]
     assert offs and all(s["reason"] and s["t"] > 0 for s in r["switches"])
@@ -101,7 +105,7 @@ def test_a_bad_replay_mode_is_an_error():
 
 
 def test_on_a_fixed_fleet_past_its_capacity_the_speculation_policies_differ():
-    sc = scenarios.adjusted(scenarios.steady(), duration=240, load=2.0)
+    sc = scenarios.adjusted(scenarios.steady(), duration=480, load=2.0)   # auto's first 90 s speculate at a cost
     on, off, auto = (run.simulate(sc, p, fixed_replicas=4) for p in ("spec-always-on", "spec-always-off", "specfleet"))
     assert on["goodput"] < 0.9 * off["goodput"]
     assert auto["goodput"] >= 0.97 * off["goodput"] and auto["speculation_switches"] >= 1

@@ -4,10 +4,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specfleet.operator import cost
+from specfleet.operator.capacity import Load, costs_replicas
 from specfleet.operator.control import speculation as s
 from specfleet.operator.cost import alpha_from_acceptance
 
 POLICY = s.SpeculationPolicy(mode="auto", max_k=4, min_acceptance=0.5, dwell_s=60, reprobe_s=300)
+# Where drafts cost replicas on the fixture's service (prefill-bound: draft tokens to verify take prompt
+# budget): an acceptance above this policy's floor at which every depth carries less than none.
+COSTLY = 0.3
+COSTLY_POLICY = replace(POLICY, min_acceptance=0.2)
 
 
 def feed(model, windows, state, policy=POLICY, every=15.0):
@@ -124,17 +129,18 @@ def test_speculation_goes_off_when_it_costs_replicas_and_shallower_first(model, 
     it needs without speculation carry only without it, k steps down to what is free, else off."""
     u = POLICY.utilization
     off = model.replica_rps(u)
-    a = alpha_from_acceptance(0.6, 4)
+    a = alpha_from_acceptance(COSTLY, 4)
+    assert all(model.replica_rps(u, a, k) < off for k in range(1, 5))                # drafts cost here
     between = 2 * (model.replica_rps(u, a, 4) + model.replica_rps(u, a, 1)) / 2     # k=1 fits, k=4 not
-    d, st = feed(model, [make_window(rps=between, pods=2, batch=30, acceptance=0.6, k=4)],
-                 s.SpeculationState(True, 4, since=0.0))
+    d, st = feed(model, [make_window(rps=between, pods=2, batch=30, acceptance=COSTLY, k=4)],
+                 s.SpeculationState(True, 4, since=0.0), COSTLY_POLICY)
     assert d[0].enabled and d[0].reason == "DepthRetuned" and 1 <= st.k < 4
-    d, st = feed(model, [make_window(rps=2 * off, pods=2, batch=30, acceptance=0.6, k=st.k)],
-                 replace(st, since=0.0))
+    d, st = feed(model, [make_window(rps=2 * off, pods=2, batch=30, acceptance=COSTLY, k=st.k)],
+                 replace(st, since=0.0), COSTLY_POLICY)
     assert not d[0].enabled and d[0].reason == "CostsReplicas" and "replicas" in d[0].message
-    # Off, the counterfactual acceptance is high but the load still needs every replica: it stays off.
-    busy = make_window(rps=2 * off, pods=2, batch=30, acceptance=None, counterfactual=0.8, k=4)
-    d, _ = feed(model, [busy], replace(st, since=0.0))
+    # Off, the counterfactual acceptance clears the floor but the load still needs every replica: it stays off.
+    busy = make_window(rps=2 * off, pods=2, batch=30, acceptance=None, counterfactual=COSTLY, k=4)
+    d, _ = feed(model, [busy], replace(st, since=0.0), COSTLY_POLICY)
     assert not d[0].enabled and d[0].reason == "CostsReplicas"
 
 
@@ -161,8 +167,8 @@ def test_a_load_near_one_replica_fewer_does_not_switch_speculation_back_on(model
     speculation too; but a small dip would make 3 enough without it (and too few with it), so off
     stays off instead of flapping with the replica count."""
     off = model.replica_rps(POLICY.utilization)
-    edge = make_window(rps=3.02 * off, pods=4, batch=30, acceptance=None, counterfactual=0.8, k=4)
-    d, _ = feed(model, [edge], s.SpeculationState(False, 4, since=0.0))
+    edge = make_window(rps=3.02 * off, pods=4, batch=30, acceptance=None, counterfactual=COSTLY, k=4)
+    d, _ = feed(model, [edge], s.SpeculationState(False, 4, since=0.0), COSTLY_POLICY)
     assert not d[0].enabled and d[0].reason == "CostsReplicas"
 
 
@@ -172,8 +178,8 @@ def test_a_fixed_fleet_whose_queue_drains_keeps_speculating_at_a_load_the_model_
     fleet carries it as it runs: no CostsReplicas (which, with the off-state load below the model's
     capacity, switched speculation on and off every dwell on real engines). A queue that stands through
     the window longer than half the TTFT target still counts."""
-    fixed = replace(POLICY, fixed_replicas=True)
-    a = alpha_from_acceptance(0.6, 1)
+    fixed = replace(COSTLY_POLICY, fixed_replicas=True)
+    a = alpha_from_acceptance(COSTLY, 1)
     assert model.replica_rps(fixed.utilization, a, 1) < model.replica_rps(fixed.utilization)    # drafts cost here
     over = 3 * model.replica_rps(fixed.utilization)
     quick = 0.4 * model.ttft_s * over            # waits 0.4 x the TTFT target at the admitted rate
@@ -181,11 +187,11 @@ def test_a_fixed_fleet_whose_queue_drains_keeps_speculating_at_a_load_the_model_
     for queue, growth, on in [(0.0, 0.0, True), (quick, 0.0, True), (slow, 0.0, False),
                               (0.0, -slow / 15, True),           # it stood at the start only: drained
                               (slow + quick, quick / 15, False)]:
-        window = make_window(rps=over, pods=1, batch=20, acceptance=0.6, k=1, queue=queue, growth=growth)
+        window = make_window(rps=over, pods=1, batch=20, acceptance=COSTLY, k=1, queue=queue, growth=growth)
         d, _ = feed(model, [window], s.SpeculationState(True, 1, since=0.0), policy=fixed)
         assert d[0].enabled == on and (on or d[0].reason == "CostsReplicas"), (queue, growth, d[0])
-    autoscaled = make_window(rps=over, pods=1, batch=20, acceptance=0.6, k=1, queue=0.0, growth=0.0)
-    d, _ = feed(model, [autoscaled], s.SpeculationState(True, 1, since=0.0))
+    autoscaled = make_window(rps=over, pods=1, batch=20, acceptance=COSTLY, k=1, queue=0.0, growth=0.0)
+    d, _ = feed(model, [autoscaled], s.SpeculationState(True, 1, since=0.0), COSTLY_POLICY)
     assert not d[0].enabled and d[0].reason == "CostsReplicas"       # the autoscaler sizes by the model
 
 
@@ -245,3 +251,26 @@ def test_the_share_is_priced_at_each_depth_and_alike_on_and_off(model, make_wind
     assert f"at k={k}, draft share {shares[k - 1]:.2f})" in on.message
     flat = m.with_draft_share(shares[0])       # one share for every depth overprices the deep ones
     assert flat.speedup(2, on.alpha)[0] > gain
+
+
+class _Tie:
+    """A service model whose replica carries `on` req/s speculating and 10 without."""
+
+    ttft_s = 1.0
+
+    def __init__(self, on: float):
+        self.on = on
+
+    def replica_rps(self, utilization, alpha=None, k=0):
+        return self.on if k else 10.0
+
+
+def test_turning_on_a_fixed_fleet_whose_queue_stands_wants_more_than_a_tie():
+    """A capacity within the hysteresis of not speculating does not switch it on while the queue stands
+    (a recalibration would flip it back); while on, a tie costs nothing; a drained queue needs no margin."""
+    policy = replace(POLICY, fixed_replicas=True)
+    standing = Load(rps=50.0, serving=4, backlog=40.0)        # waits 0.8 s, over half the TTFT target
+    assert costs_replicas(_Tie(10.02), policy, standing, 0.6, 1, margin=0.15)
+    assert not costs_replicas(_Tie(10.02), policy, standing, 0.6, 1)
+    assert not costs_replicas(_Tie(12.0), policy, standing, 0.6, 1, margin=0.15)
+    assert not costs_replicas(_Tie(10.02), policy, Load(rps=50.0, serving=4, backlog=1.0), 0.6, 1, margin=0.15)

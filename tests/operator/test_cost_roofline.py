@@ -1,6 +1,7 @@
 """The roofline cost, memory and speculation arithmetic against hand-computed numbers, and their monotonicity."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,15 +30,38 @@ def test_llama70b_kv_pool_and_blocks_on_4_h100():
     assert c.kv_blocks(pool, 16, 320 * 1024) == int(pool // (16 * 320 * 1024)) == 31460
 
 
-def test_decode_step_is_memory_bound_at_batch_one():
-    # 140 GB of weights at 13.4 TB/s: 10.45 ms; 2 x 70e9 FLOP at 3.956 PFLOP/s: 0.035 ms.
+def test_a_decode_step_streams_the_weights_and_computes_its_token():
+    # 140 GB of weights at 13.4 TB/s: 10.448 ms; 2 x 70e9 FLOP at 3.956 PFLOP/s: 0.0354 ms, added.
     t = c.step_time(LLAMA70, H100x4, batch=1, ctx=0, q=1)
-    assert abs(t - 140e9 / (4 * 3.35e12)) < 1e-12
+    assert t == pytest.approx(140e9 / (4 * 3.35e12) + 2 * 70e9 / (4 * 989e12), rel=1e-12)
 
 
-def test_decode_step_turns_compute_bound_at_large_batch_times_depth():
-    t = c.step_time(LLAMA70, H100x4, batch=512, ctx=0, q=8)
-    assert t == 2 * 70e9 * 512 * 8 / (4 * 989e12)
+def test_every_verified_token_costs_time_below_the_ridge_and_attention_counts():
+    # 3 more tokens at batch 8 add 3 x 8 x 2 x 70e9 FLOP (0.85 ms) though the step is far below the ridge;
+    # at ctx 4096 each token also attends: 4 x 80 layers x 64 heads x 128 x 4096 = 10.7 GFLOP.
+    plain, verify = (c.step_time(LLAMA70, H100x4, 8, 0, q) for q in (1, 4))
+    assert verify - plain == pytest.approx(3 * 8 * 2 * 70e9 / (4 * 989e12), rel=1e-9)
+    attention = c.step_time(LLAMA70, H100x4, 1, 4096, 1) - c.step_time(LLAMA70, H100x4, 1, 4096, 0)
+    assert attention == pytest.approx((2 * 70e9 + 4 * 80 * 64 * 128 * 4096) / (4 * 989e12), rel=1e-9)
+
+
+def test_a_mixed_step_prices_its_prompt_tokens_attending_to_half_the_context():
+    decodes = c.step_time(LLAMA70, H100x4, 4, 2048, 1)
+    prompt = 508 * (2 * 70e9 + 4 * 80 * 64 * 128 * 1024) / (4 * 989e12)
+    assert c.mixed_step_time(LLAMA70, H100x4, 4, 2048, 512) == pytest.approx(decodes + prompt, rel=1e-12)
+    assert c.mixed_step_time(LLAMA70, H100x4, 4, 2048, 2) == pytest.approx(decodes, rel=1e-12)
+    assert c.mixed_step_time(LLAMA70, H100x4, 0, 0, 512) > c.mixed_step_time(LLAMA70, H100x4, 0, 0, 0)
+
+
+def test_a_draft_phase_pays_one_round_trip_and_each_further_forward_its_depths_share():
+    cal = c.Calibration(bw_eff=3.35e12, flops_eff=989e12, t_fixed=0.003)
+    head = c.Architecture(1, 8192, 64, 8, 128, 28672, 128256, 2e9)
+    forward = c.step_time(head, cal, 8, 512, 1, fixed=False)
+    draft = c.draft_time_fn(head, LLAMA70, cal, 512)
+    assert draft(8, 0) == 0.0
+    assert draft(8, 3) == pytest.approx(0.003 * (1 + 2 / 80) + 3 * forward, rel=1e-12)
+    itself = c.draft_time_fn(LLAMA70, LLAMA70, cal, 512)
+    assert itself(8, 3) == pytest.approx(3 * c.step_time(LLAMA70, cal, 8, 512, 1), rel=1e-12)
 
 
 def test_expected_tokens_matches_the_geometric_series():
@@ -67,7 +91,7 @@ def test_speculation_never_pays_at_zero_acceptance():
 
 
 def test_an_expensive_draft_model_lowers_the_speculation_crossover():
-    draft = c.draft_time_fn(small_model(), H100x4, 2048)
+    draft = c.draft_time_fn(small_model(), LLAMA70, H100x4, 2048)
     free = c.max_batch_for_speculation(ROOF, 2048, 0.7, 8)
     costly = c.max_batch_for_speculation(ROOF, 2048, 0.7, 8, draft=draft)
     assert costly <= free
@@ -85,6 +109,19 @@ def test_fit_calibration_recovers_the_parameters_it_was_generated_with():
     assert abs(fit.bw_eff / truth.bw_eff - 1) < 0.02
     assert abs(fit.t_fixed - truth.t_fixed) < 5e-4
     assert abs(fit.flops_eff / truth.flops_eff - 1) < 0.05
+
+
+def test_fit_calibration_keeps_the_prior_flops_where_bytes_and_flop_move_together():
+    # Decode steps at one context: bytes and FLOP both grow with the batch and cannot be told apart.
+    truth = c.Calibration(bw_eff=2.5e12, flops_eff=5e14, t_fixed=0.004)
+    prior = c.Calibration(1e12, 4e14, 0.0)
+    samples = [c.StepSample(b, 1024, 1, c.step_time(LLAMA70, truth, b, 1024, 1)) for b in (1, 4, 16, 64)]
+    fit = c.fit_calibration(samples, LLAMA70, prior)
+    assert fit.flops_eff == prior.flops_eff
+    assert all(c.step_time(LLAMA70, fit, s.batch, s.ctx, 1) == pytest.approx(s.seconds, rel=0.01) for s in samples)
+    one = c.fit_calibration(samples[:1], LLAMA70, prior)     # one batch: the prior scaled to its time
+    assert c.step_time(LLAMA70, one, 1, 1024, 1) == pytest.approx(samples[0].seconds, rel=1e-9)
+    assert one.bw_eff / prior.bw_eff == pytest.approx(one.flops_eff / prior.flops_eff, rel=1e-9)
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,7 +1,7 @@
 """The GPU pricing of speculation against published speed-up-versus-batch measurements.
 
-Each series of tests/data/published_speculation.yaml says, per pricing (the operator's roofline; the
-proposal of docs/speculation-gpu.md), whether its break-even batch falls in the published range. An
+Each series of tests/data/published_speculation.yaml says, per pricing (the operator's roofline; its
+former pricing, docs/speculation-gpu.md), whether its break-even batch falls in the published range. An
 entry marked as agreeing must agree; one marked as differing, with its reason, must still differ, so
 that a pricing change that fixes (or breaks) an entry fails here until the data file says so.
 """
@@ -45,9 +45,9 @@ def test_every_source_and_acceptance_is_cited():
     assert all(u["why"] for u in RAW["unpriced"])
 
 
-def test_the_proposal_agrees_wherever_the_roofline_does():
-    """The proposal is only worth adopting if it loses no published range the current roofline keeps."""
-    lost = [s.id for s in SERIES if s.agrees["roofline"]["value"] and not s.agrees["proposal"]["value"]]
+def test_the_roofline_agrees_wherever_its_former_pricing_did():
+    """The change to the roofline was only worth making if it lost no published range the former pricing kept."""
+    lost = [s.id for s in SERIES if s.agrees["former"]["value"] and not s.agrees["roofline"]["value"]]
     assert not lost
 
 

@@ -61,7 +61,8 @@ MATCHED_KNOBS = {
     # vLLM's default is no speculative decoding: the peer without it, where its in-flight count does not
     # change with the speculation state (request times do).
     "inflight-target, no speculation": ("inflight-target", [{"target_fraction": f, "speculate": 0}
-                                                            for f in (0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8)]),
+                                                            for f in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
+                                                                      0.65, 0.7, 0.8)]),
     "saturation": ("saturation", [{"kv_target": 0.8, "queue_target": 5.0}] +
                    [{"kv_target": 1.0, "queue_target": q} for q in (100.0, 200.0, 400.0, 1000.0)]),
 }

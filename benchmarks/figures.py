@@ -230,6 +230,26 @@ def control_table(d: dict) -> str:
     return table(["scenario", "policy", "SLO attainment", "GPU-h", "scaling actions", "speculation switches"], rows)
 
 
+SWEEP_POLICIES = {"specfleet": "auto", "spec-always-on": "always on", "spec-always-off": "always off"}
+
+
+def speculation_sweep_table(d: dict) -> str:
+    """The speculation sweep per load: auto, always on, always off (median over seeds [spread when not 0])."""
+    def spread(value: float, width: float, fmt: str) -> str:
+        return f"{value:{fmt}}" + (f" [{width:{fmt}}]" if width else "")
+
+    rows, last = [], None
+    for r in (r for r in d["speculation_sweep"] if r["policy"] in SWEEP_POLICIES):
+        load = f"{r['load']:g}" if r["load"] != last else ""
+        last = r["load"]
+        reason = ", ".join(r["speculation_reasons"]) if r["policy"] == "specfleet" else ""
+        rows.append([load, SWEEP_POLICIES[r["policy"]], f"{r['batch_p50']:.0f}",
+                     spread(r["slo_attainment"], r["slo_attainment_spread"], ".3f"),
+                     spread(r["goodput"], r["goodput_spread"], ".0f"), f"{r['speculation_switches']:g}", reason])
+    return table(["load (× 60 req/s)", "policy", "batch / replica", "SLO attainment", "goodput (tok/s)", "switches",
+                  "last reason"], rows)
+
+
 # --- closed loop and sim-to-real ------------------------------------------------------------------------
 
 CLOSED_LOOP = "closed_loop_full.json"
@@ -423,6 +443,7 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("apiserver.table", APISERVER, apiserver_table),
     Figure("apiserver.provenance", APISERVER, provenance_line),
     Figure("control.grid", CONTROL, control_table),
+    Figure("control.speculation_sweep", CONTROL, speculation_sweep_table),
     Figure("closed_loop.table", CLOSED_LOOP, closed_loop_table),
     Figure("closed_loop.provenance", CLOSED_LOOP, provenance_line),
     Figure("closed_loop.checks", CLOSED_LOOP, closed_loop_checks),

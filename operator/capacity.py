@@ -276,10 +276,11 @@ def costs_replicas(model: ServiceModel, policy: ReplicaBounds, load: Load | None
     if load is None or load.rps is None or load.rps <= 0 or k < 1:
         return ""
     on, off = model.replica_rps(policy.utilization, alpha, k), model.replica_rps(policy.utilization)
+    keeps_up = carried(model, load)
     # Turning on a fleet whose queue stands wants it clear of a tie, else a recalibration flips it.
-    if on >= off * (1 + (0.0 if carried(model, load) else margin)):
+    if on >= off * (1 + (0.0 if keeps_up else margin)):
         return ""
-    if policy.fixed_replicas and margin == 0 and carried(model, load):
+    if policy.fixed_replicas and margin == 0 and keeps_up:
         return ""
     needed = max(math.ceil(load.rps / off - 1e-9), policy.min_replicas)
     if policy.fixed_replicas and load.serving > 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from specfleet.operator import adapters, api, catalogs, model_folder, plan_only, planner, render, status
+from specfleet.operator import adapters, api, catalogs, model_folder, plan_only, plan_pinning, planner, render, status
 from specfleet.operator.control import loop
 from specfleet.operator.kube import UNREAD, Kube
 
@@ -41,7 +41,8 @@ def reconcile(body: dict, k: Kube, now: str) -> ReconcileOutcome:
         return ReconcileOutcome(status.invalid(exc.errors, generation, previous, now),
                        [("Warning", "InvalidSpec", str(exc))])
     spec = model_folder.with_folder_architecture(spec, catalogs.models())
-    result = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
+    result = plan_pinning.pinned(planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles()), old,
+                                 generation)
     selector = render.selector_string(name)
     if isinstance(result, planner.Infeasible):
         patch = status.planned(result, generation, selector, previous, now)

@@ -139,6 +139,7 @@ def _infeasible(result: Infeasible, generation: int, selector: str, previous: Se
 
 
 ADAPTER_FAILED = "AdapterFailed"
+CAPACITY_LIMITED = "CapacityLimited"     # the plan's warnings: an SLO or load it cannot fully honour
 PROFILE_REFUSED = "ProfileRefused"
 PROFILE_HOST_MISMATCH = "ProfileHostMismatch"
 FEASIBLE = Condition("Degraded", FALSE, "PlanFeasible", "the plan meets the declared SLO")
@@ -146,7 +147,7 @@ FEASIBLE = Condition("Degraded", FALSE, "PlanFeasible", "the plan meets the decl
 
 def _degraded(plan: Plan, adapter_problems: Sequence[str] = ()) -> Condition:
     if plan.warnings:
-        return Condition("Degraded", TRUE, "CapacityLimited", "; ".join(plan.warnings))
+        return Condition("Degraded", TRUE, CAPACITY_LIMITED, "; ".join(plan.warnings))
     if adapter_problems:
         return Condition("Degraded", TRUE, ADAPTER_FAILED, "; ".join(adapter_problems))
     if plan.calibration.refused:

@@ -29,7 +29,7 @@ from typing import Callable
 
 import httpx
 
-from specfleet.operator import api, capacity, catalogs, model_folder, planner, render, status
+from specfleet.operator import api, capacity, catalogs, model_folder, plan_pinning, planner, render, status
 from specfleet.operator.control import discovery, loop, profile_host, scale_down, speculation, telemetry
 from specfleet.operator.cost import ProfileCost, recalibrate_from
 from specfleet.operator.control.discovery import EnginePod
@@ -233,7 +233,8 @@ class ServiceControl:
         if spec.plan_only:                  # nothing of ours to control (a leftover workload is left alone)
             return self.planned
         spec = model_folder.with_folder_architecture(spec, catalogs.models())
-        plan = planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles())
+        plan = plan_pinning.pinned(planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles()),
+                                   body.get("status") or {}, generation)
         model = capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models()) \
             if isinstance(plan, planner.Plan) else None
         if model is None:

@@ -1,8 +1,8 @@
 """Calibration: fit a step cost to observed step times, offline and online.
 
 `fit_calibration` fits the roofline's BW_eff, FLOPS_eff and t_fixed to step samples in one least-squares
-fit (the simulator's baselines fit it to their truth). `recalibrate` refines a running service's cost from the engines'
-step-time histograms (`Window.steps`, one mean step per batch bucket, at the window's depth and draft
+fit (the simulator's baselines fit it to their truth). `recalibrate` refines a running service's cost
+from the engines' step-time histograms (`Window.steps`, one mean step per batch bucket, at the window's depth and draft
 share: `recalibrate_from`), what the operator and both simulators call each interval:
 
 - on a measured profile: each step kind's scale (plain, speculative) moves `BLEND` of the way toward
@@ -174,7 +174,8 @@ def _fit_both(rows: list[tuple[float, float, float]]) -> Calibration | None:
     per_byte, per_flop = (sff * sbt - sbf * sft) / det, (sbb * sft - sbf * sbt) / det
     if per_byte <= 0 or per_flop <= 0:
         return None
-    return Calibration(bw_eff=1 / per_byte, flops_eff=1 / per_flop, t_fixed=max(0.0, mt - per_byte * mb - per_flop * mf))
+    t_fixed = max(0.0, mt - per_byte * mb - per_flop * mf)
+    return Calibration(bw_eff=1 / per_byte, flops_eff=1 / per_flop, t_fixed=t_fixed)
 
 
 def _fit_bandwidth(rows: list[tuple[float, float, float]], cal: Calibration) -> Calibration | None:

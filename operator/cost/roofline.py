@@ -2,7 +2,7 @@
 
     T(B, ctx, q)  = t_fixed + (weights + B.ctx.kv_per_token) / BW_eff + B.q.(2.params + attn(ctx)) / FLOPS_eff
     attn(ctx)     = 4.layers.heads.head_dim.ctx            (QK^T and PV of one token over ctx)
-    mixed(B, C)   = the same with max(C, B) tokens computed (a chunked-prefill step of C tokens)
+    mixed(B, C)   = the same with C tokens computed, the C - B prompt tokens' attention at ctx / 2 (chunked prefill)
 
 Memory and compute add rather than overlap (`max`): a GEMM of a few rows runs far below peak and does not
 hide behind the weight stream, so every token a step computes costs time from the first. Published

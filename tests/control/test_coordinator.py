@@ -26,7 +26,8 @@ def test_noise_headroom_that_would_cost_a_replica_turns_speculation_off_and_the_
     rps, headroom = _edge(model)
     w = make_window(rps=rps, finished=rps, running_growth=0.0, pods=2, batch=8, acceptance=ACCEPTANCE, k=1)
     calm = coordinator.Controllers(autoscaler.AutoscalerState(), speculation.SpeculationState(True, 1))
-    noisy = coordinator.Controllers(autoscaler.AutoscalerState(noise=headroom ** 2), speculation.SpeculationState(True, 1))
+    noisy = coordinator.Controllers(autoscaler.AutoscalerState(noise=headroom ** 2),
+                                    speculation.SpeculationState(True, 1))
     d, st = coordinator.interval(w, model, 2, 2, SCALING, SPEC, calm, 1000.0, ACCEPTANCE)
     assert d.speculation.enabled and st.speculation.enabled and d.scale.desired == 2
     d, st = coordinator.interval(w, model, 2, 2, SCALING, SPEC, noisy, 1000.0, ACCEPTANCE)
@@ -34,7 +35,8 @@ def test_noise_headroom_that_would_cost_a_replica_turns_speculation_off_and_the_
     assert d.scale.desired == 2                       # sized without speculation: no third replica
     # the controller alone, blind to the headroom, keeps it on, and the autoscaler then wants 3
     alone, _ = speculation.decide(w, model, SPEC, speculation.SpeculationState(True, 1), 1000.0)
-    scale, _ = autoscaler.decide(w, model, 2, SCALING, noisy.scaling, 1000.0, alpha_from_acceptance(ACCEPTANCE, 1), 1, 2)
+    scale, _ = autoscaler.decide(w, model, 2, SCALING, noisy.scaling, 1000.0, alpha_from_acceptance(ACCEPTANCE, 1),
+                                 1, 2)
     assert alone.enabled and scale.desired == 3
 
 

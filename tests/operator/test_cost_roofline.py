@@ -1,11 +1,16 @@
 """The roofline cost, memory and speculation arithmetic against hand-computed numbers, and their monotonicity."""
 from __future__ import annotations
 
+import json
+from importlib import resources
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfleet.operator import cost as c
+from specfleet.operator.catalogs import gpus, models
 
 GiB = c.GiB
 LLAMA70 = c.Architecture(parameters=70e9, num_layers=80, hidden_size=8192, num_attention_heads=64,
@@ -160,3 +165,19 @@ def test_one_architecture_type_serves_the_crd_and_the_cost_model():
     assert (fp8.dtype_bytes, fp8.kv_dtype_bytes) == (1, 1)
     assert c.kv_bytes_per_token(fp8) * 2 == c.kv_bytes_per_token(bf16)
     assert c.weights_bytes(fp8) * 2 == c.weights_bytes(bf16)
+
+
+def test_the_cpu_prior_is_no_faster_than_the_roofline_fitted_to_each_shipped_cpu_profile():
+    """The catalog's `cpu` entry prices CPUs without a profile: at or below what the roofline fitted to each
+    shipped SmolLM2 CPU profile's points gives (docs/speculation-gpu.md, "It changed more than speculation")."""
+    shape = models().by_name["smollm2-135m"].with_dtype("float32")
+    prior = gpus()["cpu"].calibration(1)
+    folder = Path(resources.files("specfleet.operator.catalogs") / "profiles")
+    fits = {}
+    for path in sorted(folder.glob("smollm2-135m--cpu*.json")):
+        points = json.loads(path.read_text())["points"]
+        samples = [c.StepSample(p["batch"], p["context"], p["q"], p["median_s"]) for p in points]
+        fits[path.name] = fit = c.fit_calibration(samples, shape, prior)
+        assert prior.flops_eff <= fit.flops_eff and prior.bw_eff <= fit.bw_eff, (path.name, fit)
+    print({name: (round(f.bw_eff / 1e9, 1), round(f.flops_eff / 1e12, 3)) for name, f in fits.items()})
+    assert len(fits) >= 2

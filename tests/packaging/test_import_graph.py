@@ -38,7 +38,7 @@ OPERATOR_LAYERS = (
     {"catalogs", "adapters", "kube"},           # shipped catalogs; adapter diffing; the API client shell
     {"planner", "model_folder"},
     {"render", "status"},                       # plan -> pod template; plan -> status conditions
-    {"plan_only"},
+    {"plan_only", "plan_pinning"},              # PlanOnly status; the running sizes kept across releases
     {"control"},                                # the control loop, its pure controllers and its I/O (scrapes)
     {"reconcile"},                              # one reconciliation: plan, render, apply (reads control.loop)
     {"handlers", "leader"},                     # kopf handlers; leader election

@@ -230,7 +230,7 @@ def control_table(d: dict) -> str:
     return table(["scenario", "policy", "SLO attainment", "GPU-h", "scaling actions", "speculation switches"], rows)
 
 
-SWEEP_POLICIES = {"specfleet": "auto", "spec-always-on": "always on", "spec-always-off": "always off"}
+SWEEP_LABELS = {"specfleet": "auto", "spec-always-on": "always on", "spec-always-off": "always off"}
 
 
 def speculation_sweep_table(d: dict) -> str:
@@ -239,11 +239,11 @@ def speculation_sweep_table(d: dict) -> str:
         return f"{value:{fmt}}" + (f" [{width:{fmt}}]" if width else "")
 
     rows, last = [], None
-    for r in (r for r in d["speculation_sweep"] if r["policy"] in SWEEP_POLICIES):
+    for r in (r for r in d["speculation_sweep"] if r["policy"] in SWEEP_LABELS):
         load = f"{r['load']:g}" if r["load"] != last else ""
         last = r["load"]
         reason = ", ".join(r["speculation_reasons"]) if r["policy"] == "specfleet" else ""
-        rows.append([load, SWEEP_POLICIES[r["policy"]], f"{r['batch_p50']:.0f}",
+        rows.append([load, SWEEP_LABELS[r["policy"]], f"{r['batch_p50']:.0f}",
                      spread(r["slo_attainment"], r["slo_attainment_spread"], ".3f"),
                      spread(r["goodput"], r["goodput_spread"], ".0f"), f"{r['speculation_switches']:g}", reason])
     return table(["load (× 60 req/s)", "policy", "batch / replica", "SLO attainment", "goodput (tok/s)", "switches",

@@ -4,14 +4,22 @@ An operator release that prices steps differently (a new cost model, GPU catalog
 otherwise re-size every running service when it starts, and roll every engine pod of the fleet at once.
 While `status.observedGeneration` is the spec's generation, the plan's sizes, speculation and
 predictions are those `status.plan` holds, and its warnings those of the `CapacityLimited` condition;
-a spec edit (a new generation) plans afresh.
+a spec edit (a new generation) plans afresh. The reconcile and the control loop both plan through
+`kept_plan`.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from specfleet.operator.planner import Infeasible, Plan, Prediction, SpeculationPlan
-from specfleet.operator.status import CAPACITY_LIMITED
+from specfleet.operator import catalogs, planner
+from specfleet.operator.api import InferenceServiceSpec
+from specfleet.operator.planner import Infeasible, Plan
+from specfleet.operator.status import plan_fields, plan_warnings
+
+
+def kept_plan(spec: InferenceServiceSpec, status: dict, generation: int) -> Plan | Infeasible:
+    """The shipped catalogs' plan of `spec`, pinned to the running sizes (`pinned`)."""
+    return pinned(planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles()), status, generation)
 
 
 def pinned(plan: Plan | Infeasible, status: dict, generation: int) -> Plan | Infeasible:
@@ -20,27 +28,6 @@ def pinned(plan: Plan | Infeasible, status: dict, generation: int) -> Plan | Inf
     if not isinstance(plan, Plan) or not isinstance(stored, dict) or status.get("observedGeneration") != generation:
         return plan
     try:
-        return replace(plan, **_sizes(stored), warnings=_warnings(status))
+        return replace(plan, **plan_fields(stored), warnings=plan_warnings(status.get("conditions") or []))
     except (KeyError, TypeError, ValueError):
         return plan
-
-
-def _warnings(status: dict) -> tuple[str, ...]:
-    """The warnings the stored plan was rendered with, from its Degraded condition."""
-    degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
-    return tuple(degraded["message"].split("; ")) if degraded.get("reason") == CAPACITY_LIMITED else ()
-
-
-def _sizes(stored: dict) -> dict:
-    """Plan fields from `status.plan` (`status.plan_dict`'s inverse)."""
-    sp, pr = stored["speculation"], stored["predicted"]
-    return {"gpus_per_replica": int(stored["gpusPerReplica"]),
-            "tensor_parallel_size": int(stored["tensorParallelSize"]),
-            "block_size": int(stored["blockSize"]), "kv_cache_blocks": int(stored["kvCacheBlocks"]),
-            "gpu_memory_utilization": float(stored["gpuMemoryUtilization"]),
-            "max_num_seqs": int(stored["maxNumSeqs"]), "max_num_batched_tokens": int(stored["maxNumBatchedTokens"]),
-            "speculation": SpeculationPlan(bool(sp["enabled"]), None if sp["method"] == "none" else sp["method"],
-                                           int(sp["k"])),
-            "predicted": Prediction(float(pr["ttftP99Ms"]), float(pr["itlP99Ms"]),
-                                    float(pr["tokensPerSecondPerReplica"]), int(pr["maxBatchForSpeculation"])),
-            "lora_slot_bytes": int(stored.get("loraSlotBytes", 0))}

@@ -41,8 +41,7 @@ def reconcile(body: dict, k: Kube, now: str) -> ReconcileOutcome:
         return ReconcileOutcome(status.invalid(exc.errors, generation, previous, now),
                        [("Warning", "InvalidSpec", str(exc))])
     spec = model_folder.with_folder_architecture(spec, catalogs.models())
-    result = plan_pinning.pinned(planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles()), old,
-                                 generation)
+    result = plan_pinning.kept_plan(spec, old, generation)
     selector = render.selector_string(name)
     if isinstance(result, planner.Infeasible):
         patch = status.planned(result, generation, selector, previous, now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from specfleet.operator.api import CONDITION_TYPES, Condition
-from specfleet.operator.planner import Infeasible, Plan
+from specfleet.operator.planner import Infeasible, Plan, Prediction, SpeculationPlan
 from specfleet.operator.cost import CostSource
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
@@ -30,6 +30,28 @@ def plan_dict(plan: Plan) -> dict:
     if plan.lora_slot_bytes:
         out["loraSlotBytes"] = plan.lora_slot_bytes
     return out
+
+
+def plan_fields(stored: dict) -> dict:
+    """The `Plan` fields `status.plan` holds (`plan_dict`'s inverse); KeyError, TypeError or ValueError on a
+    malformed one."""
+    sp, pr = stored["speculation"], stored["predicted"]
+    return {"gpus_per_replica": int(stored["gpusPerReplica"]),
+            "tensor_parallel_size": int(stored["tensorParallelSize"]),
+            "block_size": int(stored["blockSize"]), "kv_cache_blocks": int(stored["kvCacheBlocks"]),
+            "gpu_memory_utilization": float(stored["gpuMemoryUtilization"]),
+            "max_num_seqs": int(stored["maxNumSeqs"]), "max_num_batched_tokens": int(stored["maxNumBatchedTokens"]),
+            "speculation": SpeculationPlan(bool(sp["enabled"]), None if sp["method"] == "none" else sp["method"],
+                                           int(sp["k"])),
+            "predicted": Prediction(float(pr["ttftP99Ms"]), float(pr["itlP99Ms"]),
+                                    float(pr["tokensPerSecondPerReplica"]), int(pr["maxBatchForSpeculation"])),
+            "lora_slot_bytes": int(stored.get("loraSlotBytes", 0))}
+
+
+def plan_warnings(conditions: Sequence[dict]) -> tuple[str, ...]:
+    """The warnings a plan was written with: its `CapacityLimited` Degraded condition's (`_degraded`)."""
+    degraded = _condition(conditions, "Degraded") or {}
+    return tuple(degraded["message"].split("; ")) if degraded.get("reason") == CAPACITY_LIMITED else ()
 
 
 def calibration_dict(source: CostSource) -> dict:

@@ -135,9 +135,9 @@ class Speculator:
         """Score the standing n-gram guess against tokens produced without speculation, and count the
         fresh proposal the next step would draft: the draft share per token here, which the controller
         converts to the share per step it would see speculating. A guess is as deep as `k`, the depth the
-        switch holds while off (COUNTERFACTUAL_K where it holds none): the operator converts the rate at the depth the engine reports
-        (`specfleet:num_speculative_tokens`), and n-gram acceptance falls with the position, so a rate
-        scored over four tokens read as the rate of one understates the acceptance at k = 1."""
+        switch holds while off (COUNTERFACTUAL_K where it holds none): the operator converts the rate at the
+        depth the engine reports (`specfleet:num_speculative_tokens`), and n-gram acceptance falls with the
+        position, so a rate scored over four tokens read as the rate of one understates the acceptance at k = 1."""
         guess, matched = self._guess.pop(seq.request_id, ([], 0))
         self.stats.counterfactual_seq_steps += 1
         for token in new_tokens:

@@ -38,7 +38,9 @@ class HostPricing:
     @property
     def mismatch(self) -> str:
         """What the Warning Event and the Degraded condition say ("" while a profile prices the engines)."""
-        return "" if self.profile is not None else f"{self.reason}: the roofline prices the steps instead, refined online"
+        if self.profile is not None:
+            return ""
+        return f"{self.reason}: the roofline prices the steps instead, refined online"
 
 
 def engine_hosts(scrapes: Mapping[str, Scrape]) -> Counter[str]:

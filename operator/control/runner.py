@@ -233,8 +233,7 @@ class ServiceControl:
         if spec.plan_only:                  # nothing of ours to control (a leftover workload is left alone)
             return self.planned
         spec = model_folder.with_folder_architecture(spec, catalogs.models())
-        plan = plan_pinning.pinned(planner.plan(spec, catalogs.gpus(), catalogs.models(), catalogs.profiles()),
-                                   body.get("status") or {}, generation)
+        plan = plan_pinning.kept_plan(spec, body.get("status") or {}, generation)
         model = capacity.service_model(spec, plan, catalogs.gpus(), catalogs.models()) \
             if isinstance(plan, planner.Plan) else None
         if model is None:

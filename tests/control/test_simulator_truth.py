@@ -88,7 +88,8 @@ def test_the_trace_replay_reports_every_phase_and_its_batch_follows_the_clients(
 
 
 def test_the_replay_controller_switches_speculation_off_as_the_batch_grows_and_records_why():
-    """Priced by the truth's own profile: what is under test is the switching, not the prior."""
+    """Priced by the truth's own profile: what is under test is the switching, not the prior. Speculation is on
+    for a larger share of the few-client phase than of the many-client one, and each switch says why."""
     priced = ProfileCatalog({("smollm2-135m", "cpu"): ProfileEntry("smollm2-135m--cpu",
                                                                   cost.profile_cost(profile(), "smollm2-135m--cpu"))})
     r = replay.replay(TRACE, CPU_SPEC, profile(), replay.ReplayConfig(mode="auto"), priced)

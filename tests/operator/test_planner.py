@@ -163,3 +163,14 @@ def test_every_catalog_model_plans_somewhere(gpus, models):
         spec = api.parse_spec({"model": {"name": "x", "source": f"hf://x/{name}"}, "runtime": {"engine": "vllm"},
                                "slo": {"ttftP99Ms": 2000, "itlP99Ms": 60}})
         assert isinstance(planner.plan(spec, gpus, models), planner.Plan), name
+
+
+def test_the_simulators_service_plans_at_the_additive_roofline(gpus, models):
+    """Llama-3.1-8B on one H100 at ITL 25 ms, TTFT 1 s, 1000-token prompts (sim/scenarios.py): the decode batch takes
+    most of the ITL target and the prompts the rest, 166 sequences and a 192-token budget, and 60 req/s needs 9
+    replicas (docs/speculation-gpu.md; under `max(memory, compute)` it was 251, 800 and 3)."""
+    from specfleet.sim import scenarios
+
+    spec = api.parse_spec({**scenarios.SERVICE, "slo": {**scenarios.SERVICE["slo"], "requestsPerSecond": 60}})
+    plan = planner.plan(spec, gpus, models)
+    assert (plan.max_num_seqs, plan.max_num_batched_tokens, plan.replicas) == (166, 192, 9)

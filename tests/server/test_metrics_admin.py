@@ -5,6 +5,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specfleet.engine.host import host_info
+from specfleet.engine.profile_format import host_key
+
 REQUIRED = {
     "counter": ["vllm:prompt_tokens", "vllm:generation_tokens", "vllm:num_preemptions", "vllm:prefix_cache_queries",
                 "vllm:prefix_cache_hits", "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -45,9 +48,6 @@ def test_metrics_have_the_contract_names_and_types(live_server):
 
 
 def test_the_engine_reports_the_cpu_it_runs_on_as_a_profile_records_it(live_server):
-    from specfleet.engine.host import host_info
-    from specfleet.engine.profile_format import host_key
-
     samples = scrape(live_server.base_url)
     hosts = [key for key in samples if key.startswith("specfleet:host_info{")]
     assert hosts == [f"specfleet:host_info{{host={host_key(host_info())},model_name=tiny}}"], hosts

@@ -1,9 +1,10 @@
 """Contention calibration: how much slower the real engine steps than its profile predicts, per client count.
 
-The engine profile (operator/catalogs/profiles/smollm2-135m--cpu.json) was measured with nothing else
-running; under `specfleet up` the engine shares the machine's cores with the gateway, the operator, the
-API emulator and the load generator's clients. This benchmark measures that, from its own inputs (fixed
-client counts, never the closed-loop run's answers), for the fleet simulator (sim/contention.py).
+The engine profile (`--profile`; by default the shipped SmolLM2-135M CPU profile measured on this CPU, else
+the pair's own, operator/catalogs/profiles/smollm2-135m--cpu.json) was measured with nothing else running;
+under `specfleet up` the engine shares the machine's cores with the gateway, the operator, the API emulator
+and the load generator's clients. This benchmark measures that, from its own inputs (fixed client counts,
+never the closed-loop run's answers), for the fleet simulator (sim/contention.py).
 
 For each speculation state (spec.speculation.mode on, off) it starts `specfleet up` exactly as
 benchmarks/closed_loop.py does (same CR, one fixed replica, same control interval and dwell, same
@@ -46,12 +47,13 @@ from rich.table import Table
 import closed_loop                               # benchmarks/closed_loop.py: the same fleet and clients
 from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
 
+from specfleet.engine.host import this_host
 from specfleet.operator.control.scrape import parse_exposition
 from specfleet.operator.control.window import Scrape, StepStat, build_window
 from specfleet.sim.replay import service_spec
 from specfleet.sim.run import setup_spec
 from specfleet.sim.trace import Phase, Trace
-from specfleet.sim.truth import ProfileTruth
+from specfleet.sim.truth import ProfileTruth, find_profile
 
 OUT = Path(__file__).parent / "results" / "contention.json"
 COUNTS = (1, 2, 4, 8, 16, 24)
@@ -225,6 +227,11 @@ def _cell(v) -> str:
     return "-" if v is None else f"{v:g}"
 
 
+def _rel(path: Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(closed_loop.ROOT) if path.is_relative_to(closed_loop.ROOT) else path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", type=int, nargs="*", default=list(COUNTS), help="client counts, held in turn")
@@ -236,6 +243,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="sweeps per state (a fresh fleet each); factors are "
                     "the median over them")
     ap.add_argument("--port", type=int, default=Settings.port)
+    ap.add_argument("--profile", type=Path, help="the profile the factors are measured against (default: the "
+                    "shipped smollm2-135m--cpu one measured on this CPU, else the pair's own)")
     ap.add_argument("--notes", default="", help="a line about the machine's state during the run")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -243,7 +252,8 @@ def main() -> None:
         ap.error("--counts must be >= 1, --seconds > --settle and --repeats >= 1")
     s = Settings(tuple(sorted(set(args.counts))), args.seconds, args.settle, tuple(args.states),
                  tuple(args.open_ended_at), args.port)
-    _, _, _, truth = setup_spec(service_spec(closed_loop.manifest("auto")["spec"], "auto"))
+    profile = args.profile or find_profile("smollm2-135m", "cpu", host=this_host())
+    _, _, _, truth = setup_spec(service_spec(closed_loop.manifest("auto")["spec"], "auto"), profile)
     from rich.progress import BarColumn, Progress, TextColumn
     console, started = Console(width=150), time.time()
     with Progress(TextColumn("{task.description:>4}"), BarColumn(), TextColumn("{task.completed:>5.0f} s")) as p:
@@ -255,7 +265,8 @@ def main() -> None:
     runs = strip(runs)
     print_report(console, runs, summary)
     result = {**stamp("benchmarks/contention.py", [shlex.quote(a) for a in sys.argv[1:]]),
-              "notes": args.notes, "profile": truth.source, "truth_ctx": truth.ctx, "token_budget": truth.chunk,
+              "notes": args.notes, "profile": truth.source, "profile_file": _rel(profile), "truth_ctx": truth.ctx,
+              "token_budget": truth.chunk,
               "config": {"counts": list(s.counts), "seconds": s.seconds, "settle_s": s.settle_s,
                          "open_ended_at": list(s.open_ended_at), "max_tokens": closed_loop.SIM_TO_REAL.max_tokens,
                          "manifest": str(closed_loop.EXAMPLE.relative_to(closed_loop.ROOT)), "replicas": 1,

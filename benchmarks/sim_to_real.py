@@ -28,6 +28,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specfleet.engine import profile_model
+from specfleet.engine.host import this_host
 from specfleet.sim import contention as cont
 from specfleet.sim import replay
 from specfleet.sim.trace import SIM_TO_REAL, Phase, Trace
@@ -183,6 +185,29 @@ def print_compare(console: Console, rows: list[dict]) -> None:
     console.print(t)
 
 
+def default_profile(real: dict | None) -> Path | None:
+    """The profile the real run's operator priced its engines with (its final `status.calibration`, where the
+    run recorded one), else the one measured on this CPU, else the pair's own: the simulator's truth is
+    what the real loop priced by."""
+    priced = Counter((run.get("calibration") or {}).get("profile") for run in (real or {}).get("runs", {}).values())
+    for name, _ in priced.most_common():
+        found = [Path(d) / f"{name}.json" for d in truth.PROFILE_DIRS if name and (Path(d) / f"{name}.json").is_file()]
+        if found:
+            return found[0]
+    return find_profile("smollm2-135m", "cpu", host=this_host())
+
+
+def checked_contention(path: Path, basis: str, profile: Path) -> cont.Contention:
+    """The calibration run's factors, refused when they were measured against another profile than the truth's
+    (each factor is the engines' step time over that profile's)."""
+    measured_against = json.loads(path.read_text()).get("profile_file")
+    if measured_against and Path(measured_against).name != profile.name:
+        raise SystemExit(f"{path} measured its factors against {measured_against}, the truth here is "
+                         f"{_rel(profile)}: give --profile {measured_against}, or measure the factors again "
+                         f"(benchmarks/contention.py --profile {_rel(profile)})")
+    return cont.load(path, basis)
+
+
 def _rel(path: Path) -> str:
     path = path.resolve()
     return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
@@ -207,7 +232,8 @@ def _cell(value, spread=None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--real", type=Path, help="benchmarks/results/closed_loop.json from benchmarks/closed_loop.py")
-    ap.add_argument("--profile", type=Path, help="engine profile (default: the shipped smollm2-135m--cpu one)")
+    ap.add_argument("--profile", type=Path, help="engine profile (default: the one the real run priced its engines "
+                    "with, else the shipped smollm2-135m--cpu one measured on this CPU, else the pair's own)")
     ap.add_argument("--modes", nargs="*", default=list(replay.MODES), choices=replay.MODES)
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--scale", type=float, default=1.0,
@@ -232,7 +258,8 @@ def main() -> None:
                          "per step (the gaps between steps too)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    path = args.profile or find_profile("smollm2-135m", "cpu")
+    real = json.loads(args.real.read_text()) if args.real else None
+    path = args.profile or default_profile(real)
     if path is None:
         raise SystemExit("no smollm2-135m--cpu profile shipped; give --profile FILE (`specfleet engine profile`)")
     console, started = Console(width=170), time.time()
@@ -243,11 +270,10 @@ def main() -> None:
             console.print(f"; over {truth.FIT_LIMIT:.0%} the simulator prices {kind} steps by the decode fit"
                           if f.rel_rms_error > truth.FIT_LIMIT else "")
     prompts = dict(zip(("copy-heavy", "open-ended"), args.prompt_tokens))
-    real = json.loads(args.real.read_text()) if args.real else None
     trace = (real_trace(real) if real else None) or SIM_TO_REAL.scaled(args.scale)
     hits = prefix_hits(real, prompts) if args.prefix_hit is None else dict(zip(prompts, args.prefix_hit))
     scales = real_scales(real) if real and args.truth == "real-scales" else None
-    slowdown = cont.load(args.contention, args.contention_basis) if args.truth == "contention" else None
+    slowdown = checked_contention(args.contention, args.contention_basis, path) if args.truth == "contention" else None
     sim = simulate(path, tuple(args.modes), tuple(args.seeds), trace, args.interval, args.dwell, prompts, hits,
                    scales, slowdown)
     print_sim(console, sim)

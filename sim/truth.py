@@ -3,9 +3,9 @@
 The simulator's pods run steps of the length a `specfleet.engine.profile_model.Profile` predicts for
 the service's (model, accelerator), never the length of the controller's roofline: a controller
 tested against its own formula learns nothing. `find_profile` looks the profile up by name
-(`<model>--<accelerator>.json`) in the operator's shipped profiles (`operator/catalogs/profiles/`,
-measured) and then in the simulator's own (`sim/profiles/`, derived from published
-figures and labelled so in their `derived` field).
+(`<model>--<accelerator>.json`, or given a CPU's host key the one measured on it) in the operator's
+shipped profiles (`operator/catalogs/profiles/`, measured) and then in the simulator's own
+(`sim/profiles/`, derived from published figures and labelled so in their `derived` field).
 
 Step kinds as the engine runs them: a decode step (k = 0) costs the profile's decode fit at `batch`
 tokens, a speculative step its verify fit at `batch x (1 + share x k)` tokens, where `share` is the share
@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from specfleet.engine import profile_model as prof
+from specfleet.engine.profile_format import host_key
 from specfleet.operator.cost import (Architecture, Calibration, StepSample, alpha_from_acceptance, fit_calibration,
                                      verifying_share)
 
@@ -46,8 +47,15 @@ def profile_name(model: str, accelerator: str) -> str:
     return f"{model.lower()}--{accelerator.lower()}.json"
 
 
-def find_profile(model: str, accelerator: str, dirs: tuple[Path, ...] = PROFILE_DIRS) -> Path | None:
-    """The first profile file for (model, accelerator) in `dirs`, or None."""
+def find_profile(model: str, accelerator: str, dirs: tuple[Path, ...] = PROFILE_DIRS, host: str = "") -> Path | None:
+    """The first profile file for (model, accelerator) in `dirs`, or None. With `host` (a
+    `profile_format.host_key`), the pair's file measured on that CPU (`<model>--<accelerator>--*.json`)
+    comes first, as the control loop picks it for engines that report that CPU."""
+    stem = profile_name(model, accelerator).removesuffix(".json")
+    for d in dirs if host else ():
+        for path in sorted(Path(d).glob(f"{stem}--*.json")):
+            if host_key(json.loads(path.read_text()).get("host") or {}) == host:
+                return path
     for d in dirs:
         path = Path(d) / profile_name(model, accelerator)
         if path.is_file():

@@ -18,6 +18,7 @@ from tests.control.sim_kit import CPU_SPEC, ROOT, profile
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import contention as bench  # noqa: E402  (benchmarks/contention.py)
+import sim_to_real  # noqa: E402  (benchmarks/sim_to_real.py)
 
 TRACE = Trace(phases=(Phase("few", "copy-heavy", 30.0, 2, 2), Phase("many", "copy-heavy", 30.0, 12, 12)),
               max_tokens=48)
@@ -105,6 +106,20 @@ def test_sim_to_real_runs_with_the_contention_truth(tmp_path):
     assert r["truth"] == "contention" and r["contention_factors"]["on"] == [2.1, 1.6, 1.9]
     assert set(r["within_by_phase"]) == {"ramp-up", "peak", "ramp-down", "open-ended"}
     assert 0 <= r["within_share"] <= 1 and r["simulator"]["on"]["phases"]["peak"]["requests"] > 0
+
+
+def test_sim_to_real_prices_by_the_profile_the_real_loop_priced_by():
+    real = {"runs": {"auto": {"calibration": {"profile": "smollm2-135m--cpu--intel-6-207"}}, "off": {}}}
+    assert sim_to_real.default_profile(real).name == "smollm2-135m--cpu--intel-6-207.json"
+
+
+def test_contention_measured_against_another_profile_is_refused(tmp_path):
+    calibration = tmp_path / "contention.json"
+    calibration.write_text(json.dumps({**result({1: 2.0}), "profile_file": "operator/catalogs/profiles/a--cpu.json"}))
+    with pytest.raises(SystemExit, match="measured its factors against .*a--cpu.json"):
+        sim_to_real.checked_contention(calibration, "step_factor", tmp_path / "b--cpu.json")
+    same = sim_to_real.checked_contention(calibration, "step_factor", tmp_path / "a--cpu.json")
+    assert same.off == (2.0,)
 
 
 def test_the_calibration_prices_the_engines_steps_with_the_simulators_truth_and_takes_medians():

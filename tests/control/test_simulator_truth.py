@@ -59,6 +59,16 @@ def test_the_shipped_gpu_profile_says_it_is_derived_not_measured():
     assert truth.source.startswith("from published figures")
 
 
+def test_a_cpus_own_profile_comes_first_given_its_host_key(tmp_path):
+    def write(name: str, host: dict):
+        (tmp_path / name).write_text(json.dumps({"host": host}))
+    write("tiny--cpu.json", {"cpu": "AMD EPYC", "family_model": "25/17", "isa": "AVX512"})
+    write("tiny--cpu--intel.json", {"cpu": "Intel(R) Xeon(R)", "family_model": "6/207", "isa": "AVX512"})
+    assert T.find_profile("tiny", "cpu", (tmp_path,)).name == "tiny--cpu.json"
+    assert T.find_profile("tiny", "cpu", (tmp_path,), host="Intel 6/207 AVX512").name == "tiny--cpu--intel.json"
+    assert T.find_profile("tiny", "cpu", (tmp_path,), host="Intel 6/143 AVX512").name == "tiny--cpu.json"
+
+
 def test_a_service_without_a_profile_is_a_clear_error():
     with pytest.raises(FileNotFoundError, match="no engine profile for llama-8b on no-such-gpu"):
         T.truth_for("llama-8b", "no-such-gpu", 1000, 512, None)

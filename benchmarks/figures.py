@@ -253,7 +253,6 @@ def speculation_sweep_table(d: dict) -> str:
 # --- closed loop and sim-to-real ------------------------------------------------------------------------
 
 CLOSED_LOOP = "closed_loop_full.json"
-CLOSED_LOOP_XEON = "closed_loop_scale0.2_xeon.json"     # the Intel host priced by its own profile, at scale 0.2
 SIM_PROFILE = "sim_to_real_full_profile.json"
 
 
@@ -448,10 +447,6 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("closed_loop.provenance", CLOSED_LOOP, provenance_line),
     Figure("closed_loop.checks", CLOSED_LOOP, closed_loop_checks),
     Figure("closed_loop.switches", CLOSED_LOOP, closed_loop_switches),
-    Figure("closed_loop_xeon.table", CLOSED_LOOP_XEON, closed_loop_table),
-    Figure("closed_loop_xeon.provenance", CLOSED_LOOP_XEON, provenance_line),
-    Figure("closed_loop_xeon.checks", CLOSED_LOOP_XEON, closed_loop_checks),
-    Figure("closed_loop_xeon.switches", CLOSED_LOOP_XEON, closed_loop_switches),
     Figure("sim_to_real.profile.within", SIM_PROFILE, sim_within),
     Figure("sim_to_real.profile.by_phase", SIM_PROFILE, sim_within_by_phase),
     Figure("sim_to_real.profile.provenance", SIM_PROFILE, provenance_line),

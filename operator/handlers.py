@@ -4,7 +4,8 @@ reconciler (`reconcile.py`) and the control loop.
 `reconcile.reconcile(body, kube, now)` does one reconciliation and returns the status patch and the
 Events to post; the handlers here only call it and `publish` the outcome. Create, spec update and resume
 (operator restart) all reconcile; so does any change to or deletion of an owned Deployment/Service/PDB,
-which is how drift is corrected. Owned objects carry an owner reference, so deleting the InferenceService lets the
+which is how drift is corrected, and a `specfleet.io/replan` annotation the status has not recorded
+(`plan_pinning`). Owned objects carry an owner reference, so deleting the InferenceService lets the
 garbage collector remove them. The CR's spec is never written.
 
 One scheduler (`control/scheduler.py`, started at startup) runs the control loops of all
@@ -24,7 +25,7 @@ import time
 import httpx
 import kopf
 
-from specfleet.operator import api, render, status
+from specfleet.operator import api, plan_pinning, render, status
 from specfleet.operator.threads import in_control_thread
 from specfleet.operator.control import adapter_sync, discovery, loop, runner, scale_from_zero, scheduler, sources
 from specfleet.operator.control.runner import now_iso
@@ -209,6 +210,8 @@ async def track_service(event: dict, body: kopf.Body, memo: kopf.Memo, **_) -> N
     if getattr(memo, "control", None) is None:
         memo.control = runner.ServiceControl(*key, memo.kube, memo.loop_config, memo.http, source=memo.source)
     memo.scheduler.track(key, memo.control, scheduler.StoredBody.of(_plain(body)))
+    if plan_pinning.replan_asked(meta, body.get("status") or {}):
+        await asyncio.to_thread(reconcile_now, memo.kube, _plain(body))
     held = scale_from_zero.held_requests(meta.get("annotations"))
     if held:
         await _wake(memo, key, _plain(body), held)
@@ -273,18 +276,23 @@ def owned_changed(event: dict, body: kopf.Body, memo: kopf.Memo, logger: logging
     owner = _owner(body)
     if owner is None:
         return
-    k = memo.kube
-    service = k.get_service(body["metadata"]["namespace"], owner)
+    service = memo.kube.get_service(body["metadata"]["namespace"], owner)
     if service is None or service["metadata"].get("deletionTimestamp"):
         return
+    reconcile_now(memo.kube, service)
+    logger.debug("reconciled %s after %s %s", owner, event.get("type"), body.get("kind"))
+
+
+def reconcile_now(k: Kube, service: dict) -> None:
+    """Reconcile `service` outside kopf's spec handlers (an owned object changed, a re-plan was asked);
+    a missing permission is reported, and the resume/retry of reconcile_service tries again."""
     try:
         publish(k, service, reconcile(service, k, now_iso()))
     except Exception as exc:
         denied = k.forbidden(exc)
         if denied is None:
             raise
-        report_forbidden(k, service, denied)       # the resume/retry of reconcile_service tries again
-    logger.debug("reconciled %s after %s %s", owner, event.get("type"), body.get("kind"))
+        report_forbidden(k, service, denied)
 
 
 def _owner(body) -> str | None:

@@ -31,7 +31,19 @@ def retry_backoff(retry: int) -> float:
 
 
 def reconcile(body: dict, k: Kube, now: str) -> ReconcileOutcome:
-    """Plan, render and apply one InferenceService; never raises for a bad spec."""
+    """Plan, render and apply one InferenceService; never raises for a bad spec. A `specfleet.io/replan`
+    the status has not recorded plans afresh (`plan_pinning`) and is recorded, with a `Replanned` Event."""
+    old = body.get("status") or {}
+    asked = plan_pinning.replan_asked(body["metadata"], old)
+    outcome = _reconcile(body, k, now, fresh=bool(asked))
+    if asked:
+        outcome.status["replanned"] = asked
+        outcome.events.append(("Normal", "Replanned",
+                               plan_pinning.replanned_message(asked, old.get("plan"), outcome.status.get("plan"))))
+    return outcome
+
+
+def _reconcile(body: dict, k: Kube, now: str, fresh: bool) -> ReconcileOutcome:
     meta, old = body["metadata"], body.get("status") or {}
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation", 1)
     previous = old.get("conditions") or []
@@ -41,7 +53,7 @@ def reconcile(body: dict, k: Kube, now: str) -> ReconcileOutcome:
         return ReconcileOutcome(status.invalid(exc.errors, generation, previous, now),
                        [("Warning", "InvalidSpec", str(exc))])
     spec = model_folder.with_folder_architecture(spec, catalogs.models())
-    result = plan_pinning.kept_plan(spec, old, generation)
+    result = plan_pinning.kept_plan(spec, old, generation, fresh)
     selector = render.selector_string(name)
     if isinstance(result, planner.Infeasible):
         patch = status.planned(result, generation, selector, previous, now)

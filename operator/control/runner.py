@@ -58,6 +58,7 @@ class Planned:
     spec: api.InferenceServiceSpec | None
     plan: planner.Plan | None
     profiles: tuple[ProfileCost, ...] = ()      # every usable profile of the pair, one per host measured
+    replanned: str = ""                         # status.replanned: a `specfleet.io/replan` the reconcile honoured
 
 
 def _usable_profiles(spec: api.InferenceServiceSpec) -> tuple[ProfileCost, ...]:
@@ -220,12 +221,12 @@ class ServiceControl:
         return ControlOutcome(loop.status_patch(body, step, when), step.events)
 
     def _planned(self, body: dict) -> Planned:
-        """The plan of the body's generation: planned once per generation; a spec edit keeps the scrapes
-        and the scaling history and re-plans the rest."""
-        generation = _generation(body)
-        if self.planned is not None and self.planned.generation == generation:
+        """The plan of the body's generation: planned once per generation and `specfleet.io/replan` the
+        reconcile honoured; a spec edit keeps the scrapes and the scaling history and re-plans the rest."""
+        generation, replanned = _generation(body), str((body.get("status") or {}).get("replanned") or "")
+        if self.planned is not None and (self.planned.generation, self.planned.replanned) == (generation, replanned):
             return self.planned
-        self.planned = Planned(generation, None, None)
+        self.planned = Planned(generation, None, None, replanned=replanned)
         try:
             spec = api.parse_spec(body.get("spec") or {})
         except api.SpecError:
@@ -248,7 +249,7 @@ class ServiceControl:
             if spec_state is not None:
                 spec_state = loop.restored_speculation(old_status, spec_state, generation, self.wall(), self.clock())
             self.state = loop.ServiceLoop(generation, model, speculation=spec_state, config=self.config, **seeded)
-        self.planned = Planned(generation, spec, plan, _usable_profiles(spec))
+        self.planned = Planned(generation, spec, plan, _usable_profiles(spec), replanned)
         return self.planned
 
     async def before_spec_scale_down(self, pods: list[EnginePod], desired: int) -> list[tuple[str, str, str]]:

@@ -64,6 +64,10 @@ def test_the_plan_is_made_once_per_generation(body, monkeypatch):
               "spec": {**body["spec"], "slo": {**body["spec"]["slo"], "itlP99Ms": 300}}}
     asyncio.run(ctl.interval(edited, pending, (2, 1), "t"))
     assert len(made) == 2 and ctl.state.generation == 2
+    replanned = {**edited, "status": {"replanned": "1"}}     # the reconcile honoured a specfleet.io/replan
+    for _ in range(2):
+        asyncio.run(ctl.interval(replanned, pending, (2, 1), "t"))
+    assert len(made) == 3
 
 
 def test_a_replica_no_node_has_room_for_is_reported_pending_not_capacity(body):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from specfleet.operator import handlers
+from specfleet.operator.plan_pinning import REPLAN
 from specfleet.operator.reconcile import ReconcileOutcome, reconcile
 
 from tests.operator.fake_kube import BASE, FakeKube, body
@@ -22,6 +23,29 @@ def test_a_second_reconcile_writes_nothing_and_posts_no_plan_event():
     assert kube.writes == writes and second.status["plan"] == first.status["plan"]
     assert not any(reason == "Planned" for _, reason, _ in second.events)
     assert {k for k, _, _ in kube.objects} == {"Deployment", "Service", "PodDisruptionBudget", "Secret", "NetworkPolicy"}
+
+
+def _max_num_seqs(kube: FakeKube) -> int:
+    args = kube.objects[("Deployment", "ns", "svc")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    return int(args[args.index("--max-num-seqs") + 1])
+
+
+def test_a_replan_annotation_renders_the_fresh_plan_once_and_records_it():
+    kube = FakeKube()
+    fresh = reconcile(body(), kube, NOW).status
+    earlier = {**fresh, "plan": {**fresh["plan"], "maxNumSeqs": fresh["plan"]["maxNumSeqs"] + 7}}  # older pricing
+    kept = reconcile(body(status=earlier), kube, NOW)
+    assert kept.status["plan"] == earlier["plan"] and _max_num_seqs(kube) == earlier["plan"]["maxNumSeqs"]
+    asked = body(status=earlier)
+    asked["metadata"]["annotations"] = {REPLAN: "1"}
+    replanned = reconcile(asked, kube, NOW)
+    assert replanned.status["plan"] == fresh["plan"] and replanned.status["replanned"] == "1"
+    assert _max_num_seqs(kube) == fresh["plan"]["maxNumSeqs"]
+    assert [m for _, reason, m in replanned.events if reason == "Replanned"] == [
+        f"planned afresh ({REPLAN}=1): maxNumSeqs {earlier['plan']['maxNumSeqs']} -> {fresh['plan']['maxNumSeqs']}"]
+    asked["status"] = {**earlier, **replanned.status}
+    again = reconcile(asked, kube, NOW)
+    assert again.status["plan"] == fresh["plan"] and not any(r == "Replanned" for _, r, _ in again.events)
 
 
 def test_drifted_args_are_restored():

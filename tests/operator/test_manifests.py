@@ -49,7 +49,8 @@ def test_the_crd_status_schema_has_exactly_the_designed_fields():
     st = SCHEMA["properties"]["status"]["properties"]
     assert set(st) == {"observedGeneration", "phase", "conditions", "plan", "replicas", "readyReplicas",
                        "desiredReplicas", "replicasPending", "selector", "observed", "lastDecisions",
-                       "errorBudget", "plannedActions", "coldStart", "calibration", "adapters", "adapterCount"}
+                       "errorBudget", "plannedActions", "coldStart", "calibration", "adapters", "adapterCount",
+                       "replanned"}
     assert st["conditions"]["items"]["properties"]["type"]["enum"] == list(api.CONDITION_TYPES)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specfleet.operator import planner, status
-from specfleet.operator.plan_pinning import pinned
+from specfleet.operator.plan_pinning import REPLAN, pinned, replan_asked, replanned_message
 
 
 def _stored(plan: planner.Plan, generation: int, warnings: tuple[str, ...] = ()) -> dict:
@@ -39,3 +39,23 @@ def test_an_unreadable_stored_plan_or_an_infeasible_one_is_left_as_planned(make_
     assert pinned(fresh, broken, 2) is fresh
     infeasible = planner.Infeasible("TTFTUnreachable", "no")
     assert pinned(infeasible, _stored(fresh, 2), 2) is infeasible
+
+
+def test_a_replan_is_asked_by_an_annotation_value_the_status_has_not_recorded():
+    annotated = {"annotations": {REPLAN: "1733600000"}}
+    assert replan_asked({}, {}) == "" and replan_asked({"annotations": {REPLAN: ""}}, {}) == ""
+    assert replan_asked(annotated, {}) == "1733600000"
+    assert replan_asked(annotated, {"replanned": "1733600000"}) == ""
+    assert replan_asked(annotated, {"replanned": "1733500000"}) == "1733600000"
+
+
+def test_the_replanned_event_names_what_the_fresh_plan_changed(make_spec, gpus, models):
+    fresh = status.plan_dict(planner.plan(make_spec(), gpus, models))
+    earlier = {**fresh, "maxNumSeqs": fresh["maxNumSeqs"] + 7, "speculation": {**fresh["speculation"], "k": 9}}
+    message = replanned_message("7", earlier, fresh)
+    assert message.startswith(f"planned afresh ({REPLAN}=7): ")
+    assert f"maxNumSeqs {fresh['maxNumSeqs'] + 7} -> {fresh['maxNumSeqs']}" in message
+    assert f"speculation.k 9 -> {fresh['speculation']['k']}" in message and message.count(" -> ") == 2
+    assert replanned_message("7", fresh, fresh).endswith("the plan is unchanged")
+    assert "no plan" in replanned_message("7", fresh, None)
+    assert replanned_message("7", None, fresh).endswith("no earlier plan")

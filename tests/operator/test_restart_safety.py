@@ -25,6 +25,8 @@ import pytest
 
 pytest.importorskip("specfleet.cluster.apiserver", reason="the API emulator is not available")
 
+from specfleet.operator.plan_pinning import REPLAN  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 _spec = importlib.util.spec_from_file_location("fleet_state", Path(__file__).parent / "fixtures/fleet_state.py")
@@ -132,7 +134,8 @@ def test_a_restarted_operator_writes_nothing_and_carries_every_status_over(live,
 
 def test_an_upgrade_from_the_stored_release_state_changes_no_pod_template(tmp_path):
     """tests/operator/fixtures/fleet_state.json (what the previous release rendered and wrote) loaded into a
-    fresh emulator, then the current operator: it resumes every service and writes no owned object."""
+    fresh emulator, then the current operator: it resumes every service and writes no owned object, until a
+    user asks for one service to be planned afresh (`specfleet.io/replan`): then that Deployment alone moves."""
     state = json.loads(fs.FIXTURE.read_text())
     with fs.cluster(tmp_path) as c:
         fs.load(c, state)
@@ -148,6 +151,24 @@ def test_an_upgrade_from_the_stored_release_state_changes_no_pod_template(tmp_pa
             assert_owned_untouched(owned, c.owned())
             assert_only_live_status_writes(writes_since(c, mark), set(services))
             assert_status_carried(services, c.services(), set())
+            assert_replan_rolls_only_the_annotated_service(c, services)
         finally:
             op.stop(signal.SIGTERM)
             print(op.log.read_text()[-3000:])
+
+
+def assert_replan_rolls_only_the_annotated_service(c, services: dict) -> None:
+    """`kubectl annotate ... specfleet.io/replan=1` on code-8b: the current pricing plans it afresh (its
+    Deployment's arguments follow), the status records the request, and no other service's objects move."""
+    mark = c.store.rv
+    c.kubectl("annotate", "inferenceservice", "code-8b", "-n", fs.NS, f"{REPLAN}=1")
+    fs.wait_for(lambda: c.services()["code-8b"]["status"].get("replanned") == "1")
+    plan = c.services()["code-8b"]["status"]["plan"]
+    assert plan["maxNumSeqs"] != services["code-8b"]["status"]["plan"]["maxNumSeqs"]
+    args = c.deployment("code-8b")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == str(plan["maxNumSeqs"])
+    moved = {(e.key, e.obj["metadata"]["name"]) for e in writes_since(c, mark) if e.key != fs.IS_KEY}
+    assert moved == {("apps/deployments", "code-8b")}, moved
+    reasons = [e.get("reason") for e in c.store.list("/events", fs.NS)
+               if e.get("involvedObject", {}).get("name") == "code-8b"]
+    assert "Replanned" in reasons

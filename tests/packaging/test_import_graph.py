@@ -19,8 +19,9 @@ ALLOWED: dict[tuple[str, str], tuple[frozenset[str] | None, str]] = {
     ("operator", "engine"): (frozenset({"specfleet.engine.profile_format"}),
                              "the profile file `specfleet engine profile` writes; standard library only"),
     ("sim", "operator"): (None, "the simulator drives the operator's pure layers (planner, control, cost)"),
-    ("sim", "engine"): (frozenset({"specfleet.engine.profile_model"}),
-                        "the simulated engines step at a measured profile's times (the truth)"),
+    ("sim", "engine"): (frozenset({"specfleet.engine.profile_model", "specfleet.engine.profile_format"}),
+                        "the simulated engines step at a measured profile's times (the truth), the one measured "
+                        "on a given CPU where asked (its recorded host's key)"),
     ("cluster", "operator"): (None, "`specfleet up` plans and applies InferenceServices; the vLLM peer renders "
                                     "its pod's arguments"),
     ("cluster", "engine"): (None, "the node agent runs engine pods; the gateway shares the engine's OpenAI "

@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 import closed_loop                               # benchmarks/closed_loop.py: the same fleet and clients
-from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
+from provenance import repo_path, stamp          # benchmarks/provenance.py: command, commit, machine, date
 
 from specfleet.engine.host import this_host
 from specfleet.operator.control.scrape import parse_exposition
@@ -227,11 +227,6 @@ def _cell(v) -> str:
     return "-" if v is None else f"{v:g}"
 
 
-def _rel(path: Path) -> str:
-    path = Path(path).resolve()
-    return str(path.relative_to(closed_loop.ROOT) if path.is_relative_to(closed_loop.ROOT) else path)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", type=int, nargs="*", default=list(COUNTS), help="client counts, held in turn")
@@ -265,8 +260,8 @@ def main() -> None:
     runs = strip(runs)
     print_report(console, runs, summary)
     result = {**stamp("benchmarks/contention.py", [shlex.quote(a) for a in sys.argv[1:]]),
-              "notes": args.notes, "profile": truth.source, "profile_file": _rel(profile), "truth_ctx": truth.ctx,
-              "token_budget": truth.chunk,
+              "notes": args.notes, "profile": truth.source, "profile_file": repo_path(profile),
+              "truth_ctx": truth.ctx, "token_budget": truth.chunk,
               "config": {"counts": list(s.counts), "seconds": s.seconds, "settle_s": s.settle_s,
                          "open_ended_at": list(s.open_ended_at), "max_tokens": closed_loop.SIM_TO_REAL.max_tokens,
                          "manifest": str(closed_loop.EXAMPLE.relative_to(closed_loop.ROOT)), "replicas": 1,

@@ -32,6 +32,12 @@ def commit() -> str:
     return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def repo_path(path: Path | str) -> str:
+    """`path` as results files record it: relative to the repository where it lies inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
 def stamp(script: str, argv: list[str]) -> dict:
     """The fields every results file carries: the command that wrote it, the commit, the machine, the date."""
     return {"command": " ".join([".venv/bin/python", script, *argv]), "commit": commit(), "machine": machine(),

@@ -44,7 +44,7 @@ from specfleet.sim.trace import SIM_TO_REAL, Phase, Trace
 from specfleet.sim import truth
 from specfleet.sim.truth import find_profile
 
-from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
+from provenance import repo_path, stamp          # benchmarks/provenance.py: command, commit, machine, date
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
@@ -203,14 +203,9 @@ def checked_contention(path: Path, basis: str, profile: Path) -> cont.Contention
     measured_against = json.loads(path.read_text()).get("profile_file")
     if measured_against and Path(measured_against).name != profile.name:
         raise SystemExit(f"{path} measured its factors against {measured_against}, the truth here is "
-                         f"{_rel(profile)}: give --profile {measured_against}, or measure the factors again "
-                         f"(benchmarks/contention.py --profile {_rel(profile)})")
+                         f"{repo_path(profile)}: give --profile {measured_against}, or measure the factors again "
+                         f"(benchmarks/contention.py --profile {repo_path(profile)})")
     return cont.load(path, basis)
-
-
-def _rel(path: Path) -> str:
-    path = path.resolve()
-    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 def within_by(rows: list[dict], key: str) -> dict[str, float]:
@@ -278,9 +273,9 @@ def main() -> None:
                    scales, slowdown)
     print_sim(console, sim)
     result = {**stamp("benchmarks/sim_to_real.py", sys.argv[1:]),
-              "profile": _rel(path),
+              "profile": repo_path(path),
               "prompt_tokens": prompts, "prefix_hit": hits, "truth": args.truth, "truth_scales": scales,
-              **({"contention": _rel(args.contention), "contention_basis": args.contention_basis,
+              **({"contention": repo_path(args.contention), "contention_basis": args.contention_basis,
                   "contention_factors": {"clients": slowdown.clients, "off": slowdown.off, "on": slowdown.on}}
                  if slowdown else {}),
               "trace": {"phases": [p.__dict__ for p in trace.phases],

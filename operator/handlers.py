@@ -210,6 +210,8 @@ async def track_service(event: dict, body: kopf.Body, memo: kopf.Memo, **_) -> N
     if getattr(memo, "control", None) is None:
         memo.control = runner.ServiceControl(*key, memo.kube, memo.loop_config, memo.http, source=memo.source)
     memo.scheduler.track(key, memo.control, scheduler.StoredBody.of(_plain(body)))
+    # A re-plan rides the watch event, not an on.update(field=...) handler: kopf's diff base leaves out the
+    # annotations under its own storage prefix (specfleet.io/), so it would never see this one change.
     if plan_pinning.replan_asked(meta, body.get("status") or {}):
         await asyncio.to_thread(reconcile_now, memo.kube, _plain(body))
     held = scale_from_zero.held_requests(meta.get("annotations"))

@@ -145,9 +145,13 @@ def priced_by_batch_table(d: dict) -> str:
 
 
 def priced_summary(d: dict) -> str:
-    """Per cost and workload: the share of batches priced inside the measured range, and the median error."""
-    return "; ".join(f"{key.replace('/', ', ')}: {v['in_range']:.0%} of the batches in range, median error "
-                     f"{v['median_abs_error']:.1%}" for key, v in d["speedup_by_batch_summary"].items())
+    """Per cost and workload: the share of batches priced inside the measured range (and the share a price
+    without error would be, where the run recorded its repeats), and the median error."""
+    def chance(v: dict) -> str:
+        return f" (a price without error: {v['chance_in_range']:.0%})" if v.get("chance_in_range") else ""
+
+    return "; ".join(f"{key.replace('/', ', ')}: {v['in_range']:.0%} of the batches in range{chance(v)}, median "
+                     f"error {v['median_abs_error']:.1%}" for key, v in d["speedup_by_batch_summary"].items())
 
 
 def repriced_line(d: dict) -> str:

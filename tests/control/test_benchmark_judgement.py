@@ -3,6 +3,7 @@ which threshold crossings were due a switch, and the speculation benchmark price
 speed-up with a cost (no engine, no server)."""
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -109,8 +110,15 @@ def test_each_steady_row_is_priced_from_what_speculation_did_in_it():
     assert entry["measured"] == 1.30 and entry["measured_range"] == [1.20, 1.40]
     assert entry["drafting_share"] == 1.0                # 100 drafts (50 accepted at 0.5 each) in 100 seq-steps
     summary = speculation.by_batch_summary([entry], ["linear"])["linear/copy-heavy"]
-    assert summary["in_range"] == 1.0
+    assert summary["in_range"] == 1.0 and summary["chance_in_range"] == 0.75
     assert summary["median_abs_error"] == pytest.approx(1.5 * 0.011 / 0.012 / 1.30 - 1)
+
+
+def test_a_flawless_price_lands_in_the_range_of_n_repeats_unless_all_fall_on_one_side():
+    assert [speculation.chance_in_range(n) for n in (0, 1, 3, 5)] == [0.0, 0.0, 0.75, 0.9375]
+    rng = random.Random(0)
+    inside = sum(min(s) <= 0.0 <= max(s) for s in ([rng.gauss(0, 1) for _ in range(3)] for _ in range(20000)))
+    assert inside / 20000 == pytest.approx(0.75, abs=0.01)
 
 
 def test_a_row_timed_by_its_decode_steps_is_priced_against_those_and_keeps_the_served_figure():

@@ -119,6 +119,7 @@ def speculation_table(d: dict) -> str:
 SPECULATION_K1 = "speculation_steady_k1.json"
 SPECULATION_K1_NGRAM1 = "speculation_steady_k1_ngram1.json"   # one-token n-gram matches
 SPECULATION_XEON = "speculation_steady_k1_ngram1_xeon.json"    # the same on the Intel host, its own profile
+SPECULATION_XEON5 = "speculation_steady_k1_ngram1_xeon_r5.json"   # again there, 5 repeats, batches up to 48
 
 
 def _spread(values: list) -> str:
@@ -408,6 +409,11 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("speculation_xeon.provenance", SPECULATION_XEON, provenance_line),
     Figure("speculation_xeon.repriced", SPECULATION_XEON, repriced_line),
     Figure("speculation_xeon.summary", SPECULATION_XEON, priced_summary),
+    Figure("speculation_xeon5.break_even", SPECULATION_XEON5, break_even_table),
+    Figure("speculation_xeon5.priced", SPECULATION_XEON5, priced_by_batch_table),
+    Figure("speculation_xeon5.provenance", SPECULATION_XEON5, provenance_line),
+    Figure("speculation_xeon5.repriced", SPECULATION_XEON5, repriced_line),
+    Figure("speculation_xeon5.summary", SPECULATION_XEON5, priced_summary),
     Figure("operator.scale_5000", SCALE_5000, scale_table),
     Figure("operator.scale_5000.provenance", SCALE_5000, provenance_line),
     Figure("operator.scale_5000_paced", SCALE_5000_PACED, scale_table),

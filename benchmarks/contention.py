@@ -21,6 +21,8 @@ step's by the verify fit, over the mean tokens per sequence the bucket computed.
     step factor   = measured step seconds / predicted step seconds   (summed over the phase's steps)
     period factor = phase seconds / predicted step seconds            (time between steps counts too)
 
+and the mean time to first token of the phase's requests as the clients saw it and as the engine timed
+it (`ttft_means`: what the path outside the engine's step loop adds, which no step factor slows);
 and per (client count, speculation state) the same sums over its phases; with `--repeats`, the median over
 repeats (a fresh fleet each, the states alternating) and the range. The simulator scales its
 step times by the step factor at the clients in flight (linear between counts, clamped outside).
@@ -49,7 +51,7 @@ from provenance import repo_path, stamp          # benchmarks/provenance.py: com
 
 from specfleet.engine.host import this_host
 from specfleet.operator.control.scrape import parse_exposition
-from specfleet.operator.control.window import Scrape, StepStat, build_window
+from specfleet.operator.control.window import TTFT, Scrape, StepStat, build_window
 from specfleet.sim.replay import service_spec
 from specfleet.sim.run import setup_spec
 from specfleet.sim.trace import Phase, Trace
@@ -110,6 +112,18 @@ def steps_between(scrapes: list[Scrape], start: float, end: float) -> tuple[tupl
     return (window.steps, window.seconds) if window is not None else None
 
 
+def ttft_means(scrapes: list[Scrape], requests: list, start: float, end: float) -> dict:
+    """Mean time to first token of the requests sent between `start` and `end`: as the clients saw it (through
+    the gateway, to the first streamed text) and as the engine timed it (`vllm:time_to_first_token_seconds`,
+    from its HTTP handler to the token's publication), over the same scrapes as the steps. Their difference
+    is what the path outside the engine's step loop adds, which a step factor does not slow."""
+    sent = [r.ttft_s for r in requests if start <= r.start < end and r.ttft_s is not None and not r.error]
+    inside = [s for s in scrapes if start <= s.time <= end and TTFT in s.histograms]
+    engine = inside[-1].histograms[TTFT].minus(inside[0].histograms[TTFT]) if len(inside) >= 2 else None
+    return {"ttft_client_ms": _r(statistics.fmean(sent) * 1000 if sent else None, 1), "ttft_requests": len(sent),
+            "ttft_engine_ms": _r(engine.sum / engine.count * 1000 if engine and engine.count else None, 1)}
+
+
 def predicted_seconds(truth: ProfileTruth, step: StepStat) -> float:
     """The truth's time for one mean step of a bucket: its tokens per sequence over one forward pass (the
     verify fit while speculating, else the decode fit)."""
@@ -157,7 +171,8 @@ def run_state(state: str, s: Settings, truth: ProfileTruth, progress=None) -> di
     for (name, start, end), phase in zip(trace.bounds(), trace.phases):
         found = steps_between(sampler.scrapes, start + s.settle_s, end)
         rows[name] = {"clients": phase.clients_to, "workload": phase.workload,
-                      **(phase_row(truth, *found) if found else {"steps": 0})}
+                      **(phase_row(truth, *found) if found else {"steps": 0}),
+                      **ttft_means(sampler.scrapes, requests, start + s.settle_s, end)}
     return {"phases": rows, "requests": len(requests), "failed": sum(1 for r in requests if r.error)}
 
 

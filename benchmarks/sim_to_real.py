@@ -13,6 +13,10 @@ benchmark uses (5 s / 10 s by default). Per phase it reports the median and spre
 seeds; with `--real`, the real run's figures and the sim / real ratio, and whether each lies within
 +-25% (the target), overall, per phase and per metric. Writes benchmarks/results/sim_to_real.json.
 
+Each workload's n-gram acceptance and draft share are those benchmarks/acceptance.py measured on the closed
+loop's own prompts (`--acceptance FILE`, by default benchmarks/results/acceptance_closed_loop.json where it
+exists), else the profile's, measured on the profiler's prompts.
+
 `--truth contention` slows each simulated step by the factor a calibration run measured at the clients in
 flight (benchmarks/contention.py's result, `--contention FILE`; sim/contention.py): an input measured at
 fixed client counts, never the compared run's answers (as `--truth real-scales` uses).
@@ -38,6 +42,7 @@ from rich.table import Table
 
 from specfleet.engine import profile_model
 from specfleet.engine.host import this_host
+from specfleet.engine.profile_format import acceptance_from_json
 from specfleet.sim import contention as cont
 from specfleet.sim import replay
 from specfleet.sim.trace import SIM_TO_REAL, Phase, Trace
@@ -50,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"
 OUT = Path(__file__).parent / "results" / "sim_to_real.json"
 CONTENTION = Path(__file__).parent / "results" / "contention_xeon.json"     # benchmarks/contention.py
+ACCEPTANCE = Path(__file__).parent / "results" / "acceptance_closed_loop.json"   # benchmarks/acceptance.py
 METRICS = ("throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "batch_mean",
            "speculation_on_share")
 TOLERANCE = 0.25
@@ -111,10 +117,14 @@ def real_scales(real: dict) -> tuple[float, float] | None:
 
 def simulate(profile_path: Path, modes: tuple[str, ...], seeds: tuple[int, ...], trace: Trace, interval: float,
              dwell: float, prompt_tokens: dict[str, int], prefix_hit: dict[str, float] | None = None,
-             scales: tuple[float, float] | None = None, contention: cont.Contention | None = None) -> dict:
-    """{mode: {"phases": {phase: {metric: median, metric_spread: max - min}}, "switches": [per seed]}}."""
+             scales: tuple[float, float] | None = None, contention: cont.Contention | None = None,
+             acceptance: list[profile_model.Acceptance] | None = None) -> dict:
+    """{mode: {"phases": {phase: {metric: median, metric_spread: max - min}}, "switches": [per seed]}}.
+    `acceptance`: the workloads' n-gram acceptance in place of the profile's (None: the profile's)."""
     spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
     profile = profile_model.load(profile_path)
+    if acceptance is not None:
+        profile = replace(profile, acceptance=acceptance)
     if scales is not None:
         profile = scaled(profile, *scales)
     out = {}
@@ -208,6 +218,17 @@ def checked_contention(path: Path, basis: str, profile: Path) -> cont.Contention
     return cont.load(path, basis)
 
 
+def workload_acceptance(path: Path | None) -> list[profile_model.Acceptance] | None:
+    """benchmarks/acceptance.py's measurement of the closed loop's prompts (None: none given, or the default
+    file absent: the profile's acceptance stands)."""
+    if path is None or (path == ACCEPTANCE and not path.is_file()):
+        return None
+    try:
+        return acceptance_from_json(json.loads(path.read_text())["acceptance"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"{path}: not an acceptance measurement of benchmarks/acceptance.py ({exc})") from exc
+
+
 def within_by(rows: list[dict], key: str) -> dict[str, float]:
     """The share of cells within tolerance per phase or per metric (`key`)."""
     out: dict[str, list[bool]] = {}
@@ -251,6 +272,11 @@ def main() -> None:
     ap.add_argument("--contention-basis", choices=cont.BASES, default="step_factor",
                     help="step_factor: the engine's step time over the profile's; period_factor: wall time "
                          "per step (the gaps between steps too)")
+    ap.add_argument("--acceptance", type=Path, default=ACCEPTANCE,
+                    help="benchmarks/acceptance.py's measurement of the closed loop's prompts (default: "
+                         f"{repo_path(ACCEPTANCE)} where it exists, else the profile's acceptance)")
+    ap.add_argument("--profile-acceptance", action="store_true",
+                    help="the profile's acceptance (measured on the profiler's prompts), not --acceptance")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     real = json.loads(args.real.read_text()) if args.real else None
@@ -269,11 +295,13 @@ def main() -> None:
     hits = prefix_hits(real, prompts) if args.prefix_hit is None else dict(zip(prompts, args.prefix_hit))
     scales = real_scales(real) if real and args.truth == "real-scales" else None
     slowdown = checked_contention(args.contention, args.contention_basis, path) if args.truth == "contention" else None
+    accepted = None if args.profile_acceptance else workload_acceptance(args.acceptance)
     sim = simulate(path, tuple(args.modes), tuple(args.seeds), trace, args.interval, args.dwell, prompts, hits,
-                   scales, slowdown)
+                   scales, slowdown, accepted)
     print_sim(console, sim)
     result = {**stamp("benchmarks/sim_to_real.py", sys.argv[1:]),
               "profile": repo_path(path),
+              "acceptance": repo_path(args.acceptance) if accepted is not None else "profile",
               "prompt_tokens": prompts, "prefix_hit": hits, "truth": args.truth, "truth_scales": scales,
               **({"contention": repo_path(args.contention), "contention_basis": args.contention_basis,
                   "contention_factors": {"clients": slowdown.clients, "off": slowdown.off, "on": slowdown.on}}

@@ -113,8 +113,19 @@ class Profile:
                "host": self.host, "engine_commit": self.engine_commit, "created": self.created,
                "points": [asdict(p) for p in self.points],
                "fit": {kind: asdict(f) for kind, f in self.fit.items()},
-               "acceptance": [dict(asdict(a), rate=a.rate, draft_share=a.draft_share) for a in self.acceptance]}
+               "acceptance": acceptance_to_json(self.acceptance)}
         return out
+
+
+def acceptance_to_json(measured: list[Acceptance]) -> list[dict]:
+    return [dict(asdict(a), rate=a.rate, draft_share=a.draft_share) for a in measured]
+
+
+def acceptance_from_json(entries: list[dict]) -> list[Acceptance]:
+    """Acceptance entries as a profile (or benchmarks/acceptance.py) writes them; KeyError or TypeError when
+    malformed."""
+    return [Acceptance(a["workload"], a["k"], a["draft_tokens"], a["accepted_tokens"], a.get("drafts"),
+                       a.get("decode_seq_steps")) for a in entries]
 
 
 def from_json(data: dict) -> Profile:
@@ -128,9 +139,7 @@ def from_json(data: dict) -> Profile:
             engine_commit=data["engine_commit"], created=data["created"],
             points=[StepPoint(**p) for p in data["points"]],
             fit={kind: StepFit(**f) for kind, f in data["fit"].items()},
-            acceptance=[Acceptance(a["workload"], a["k"], a["draft_tokens"], a["accepted_tokens"], a.get("drafts"),
-                                   a.get("decode_seq_steps"))
-                        for a in data.get("acceptance", [])])
+            acceptance=acceptance_from_json(data.get("acceptance", [])))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed profile: {exc}") from exc
 

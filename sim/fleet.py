@@ -8,8 +8,9 @@ spread (`ProfileTruth.step_sigma`, lognormal with mean 1, from a stream of its o
 stay the same). While it speculates at depth k, k x `share` tokens
 are drafted per sequence-step (n-gram drafting finds a match only for some, often shorter than k; the
 share is the one at the pod's depth), so a step computes 1 + share x k tokens per sequence: its
-sequences get dt / T(B, ctx, 1 + share x k) steps of 1 + share x (E[tokens | alpha, k] - 1) tokens each, and prompts share what the step's token
-budget leaves after the running sequences' tokens and draft tokens to verify. The inter-token
+sequences get dt / T(B, ctx, 1 + share x k) steps of 1 + share x (E[tokens | alpha, k] - 1) tokens each (alpha,
+like the share, is one, or one per depth: the acceptance measured at the pod's depth), and prompts share what
+the step's token budget leaves after the running sequences' tokens and draft tokens to verify. The inter-token
 latencies the pods report are those of each sequence-step's tokens, as the engine times them: a step
 that yields j tokens of a sequence gives each of them step / j, with j as many as the drafts accepted
 plus one (`_token_classes`), so speculation's tail is one whole step while its mean is the step over
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +49,8 @@ from specfleet.operator.capacity import ServiceModel
 from specfleet.operator.cost import Share, expected_tokens, share_at, share_per_token
 from specfleet.sim.contention import Contention
 from specfleet.sim.truth import ProfileTruth
+
+Alpha = float | Sequence[float]      # one acceptance, or the one measured at each depth 1, 2, ... (n-gram)
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)
@@ -102,9 +106,11 @@ class SimulatedFleet:
         self.cf_k = max(1, model.max_k)
         self.depths = max(PROPOSAL_DEPTHS, model.max_k)     # as the engine counts its proposal lengths
         self._shares: Share = 1.0
+        self._alphas: Alpha = 0.0
         self._metrics()
-        self.req = {key: np.zeros(0) for key in ("rep", "start", "arrival", "pleft", "oleft", "first", "worst", "olen")}
-        self.queue_arrival, self.queue_out = np.zeros(0), np.zeros(0)
+        self.req = {key: np.zeros(0) for key in ("rep", "start", "arrival", "pleft", "oleft", "first", "worst", "olen",
+                                                 "aligned")}
+        self.queue_arrival, self.queue_out, self.queue_aligned = np.zeros(0), np.zeros(0), np.zeros(0)
         self.totals = Totals()
         self.ttft_samples: list[np.ndarray] = []
         self.record: Record | None = None       # per-tick detail for the trace replay (None: not kept)
@@ -156,14 +162,15 @@ class SimulatedFleet:
         self.cf_k = max(1, k)
 
     # -- time ------------------------------------------------------------------------------------
-    def tick(self, t0: float, dt: float, rate: float, alpha: float, share: Share = 1.0) -> None:
-        """Advance `dt` seconds: arrivals at `rate`/s, acceptance `alpha`, a draft `share` (one, or one
-        per depth 1, 2, ...) of the decoding sequence-steps' tokens drafted at each pod's depth."""
+    def tick(self, t0: float, dt: float, rate: float, alpha: Alpha, share: Share = 1.0) -> None:
+        """Advance `dt` seconds: arrivals at `rate`/s, acceptance `alpha` and a draft `share` of the decoding
+        sequence-steps' tokens drafted, each one or one per depth 1, 2, ..., at each pod's depth."""
         self._now = t0 + dt
-        self._shares = share
+        self._shares, self._alphas = share, alpha
         self._arrive(t0, dt, rate)
         self._admit(t0)
-        self._advance(t0, dt, alpha, _share_by_pod(share, self.k[:self.n]))
+        k = self.k[:self.n]
+        self._advance(t0, dt, _alpha_by_pod(alpha, k), _share_by_pod(share, k))
         live = ~self.removed[:self.n] & (self.created[:self.n] <= t0)
         self.totals.gpu_seconds += dt * self.gpus * int(live.sum())
         empty = self.draining[:self.n] & (np.bincount(self.req["rep"].astype(int), minlength=self.n)[:self.n] == 0)
@@ -175,13 +182,22 @@ class SimulatedFleet:
             arrivals = np.sort(self.rng.uniform(t0, t0 + dt, count))
             mean = self.m.output_tokens
             out = np.clip(self.rng.lognormal(math.log(mean) - self.sigma ** 2 / 2, self.sigma, count), 16, 4 * mean).round()
-            self.queue_arrival = np.concatenate([self.queue_arrival, arrivals])
-            self.queue_out = np.concatenate([self.queue_out, out])
+            self._queue(arrivals, out, np.zeros(count))
 
-    def submit(self, arrivals: np.ndarray, outputs: np.ndarray) -> None:
-        """Requests that arrive at the gateway at `arrivals` with `outputs` tokens each (closed-loop clients)."""
-        self.queue_arrival = np.concatenate([self.queue_arrival, np.asarray(arrivals, float)])
-        self.queue_out = np.concatenate([self.queue_out, np.asarray(outputs, float)])
+    def submit(self, arrivals: np.ndarray, outputs: np.ndarray, aligned: bool | np.ndarray = False) -> None:
+        """Requests that arrive at the gateway at `arrivals` with `outputs` tokens each (closed-loop clients).
+        `aligned`: sent as the client's last request ended, which is at the end of a step: such a request
+        reaches its pod as the next step starts and waits out all of it, where one arriving at a random
+        time waits out a uniform share of the step in progress (the client's round trip, a few ms, is left
+        out: on this project's CPU runs the engines timed a request's first token within 10 ms of the
+        clients, steps take 40-170 ms)."""
+        arrivals = np.asarray(arrivals, float)
+        self._queue(arrivals, np.asarray(outputs, float), np.broadcast_to(np.asarray(aligned, float), arrivals.shape))
+
+    def _queue(self, arrivals: np.ndarray, outputs: np.ndarray, aligned: np.ndarray) -> None:
+        self.queue_arrival = np.concatenate([self.queue_arrival, arrivals])
+        self.queue_out = np.concatenate([self.queue_out, outputs])
+        self.queue_aligned = np.concatenate([self.queue_aligned, aligned])
 
     def in_flight(self) -> int:
         """Requests not finished: at the gateway and at the pods."""
@@ -196,11 +212,11 @@ class SimulatedFleet:
             return
         held, running = self._batches()
         rep = ids[_deal((held - running)[ids].astype(int), held[ids].astype(int), m)]
-        arrival, out = self.queue_arrival, self.queue_out
-        self.queue_arrival, self.queue_out = np.zeros(0), np.zeros(0)
+        arrival, out, aligned = self.queue_arrival, self.queue_out, self.queue_aligned
+        self.queue_arrival, self.queue_out, self.queue_aligned = np.zeros(0), np.zeros(0), np.zeros(0)
         new = {"rep": rep.astype(float), "start": np.maximum(arrival, t0), "arrival": arrival,
                "pleft": np.full(m, float(self.prompt)), "oleft": out, "first": np.full(m, np.nan),
-               "worst": np.zeros(m), "olen": out}
+               "worst": np.zeros(m), "olen": out, "aligned": aligned}
         self.req = {key: np.concatenate([self.req[key], new[key]]) for key in self.req}
         np.add.at(self.c[w.PROMPT_TOKENS], rep, self.prompt)
 
@@ -249,7 +265,7 @@ class SimulatedFleet:
         active = np.bincount(rep, weights=(r["pleft"] < self.prompt).astype(float), minlength=self.n)
         return held, active
 
-    def _advance(self, t0: float, dt: float, alpha: float, share: float | np.ndarray = 1.0) -> None:
+    def _advance(self, t0: float, dt: float, alpha: float | np.ndarray, share: float | np.ndarray = 1.0) -> None:
         r, t1 = self.req, t0 + dt
         if not len(r["rep"]):
             return
@@ -259,14 +275,17 @@ class SimulatedFleet:
         pending = np.bincount(rep, weights=np.maximum(r["pleft"], 0.0), minlength=self.n)
         k = self.k[:self.n]
         share = np.broadcast_to(np.asarray(share, float), k.shape)
+        alpha = np.broadcast_to(np.asarray(alpha, float), k.shape)
         step = self._step_time(batch, k, prefilling, share, pending)
+        plain = self._step_time(batch, k, np.zeros_like(prefilling), share) if prefilling.any() else step
         if self.noise is not None:
             sigma = self.step_sigma
-            step = step * self.noise.lognormal(-sigma * sigma / 2, sigma, len(step))
+            drawn = self.noise.lognormal(-sigma * sigma / 2, sigma, len(step))
+            step, plain = step * drawn, plain * drawn
         steps = np.where(held > 0, dt / step, 0.0)
         tokens_per_step = _expected(alpha, k, share)
         tpot = step / tokens_per_step
-        first_at = self._prefill(r, rep, batch, steps, t0, dt, share, step)
+        first_at = self._prefill(r, rep, batch, steps, t0, dt, share, step, plain)
         decode_from = np.where(np.isnan(r["first"]), t1, np.maximum(r["first"], np.maximum(r["start"], t0)))
         toks = np.maximum(t1 - decode_from, 0.0) / tpot[rep]
         toks = np.minimum(toks, np.maximum(r["oleft"], 0))
@@ -280,11 +299,12 @@ class SimulatedFleet:
         self._finish(r)
 
     def _prefill(self, r, rep, batch, steps, t0, dt, share: float | np.ndarray = 1.0,
-                 step: np.ndarray | None = None) -> np.ndarray:
+                 step: np.ndarray | None = None, plain: np.ndarray | None = None) -> np.ndarray:
         """Serve prompt tokens from each pod's per-step budget, oldest first; returns new first-token times.
         Steps are discrete: a request that reaches a pod waits out the step running there (a uniform
-        share of it) and gets its first token at the end of a step of its own, so with `step` (each pod's
-        step time) no first token comes sooner than that after the request's start."""
+        share of it; all of it for one `aligned` to a step's end), a step without its prompt (`plain`, each
+        pod's; `step` where not given), and gets its first token at the end of a step of its own, which
+        prefills (`step`): no first token comes sooner than that after the request's start."""
         idx = np.flatnonzero(r["pleft"] > 0)
         first_at = np.full(len(rep), np.nan)
         if not len(idx):
@@ -304,7 +324,11 @@ class SimulatedFleet:
         frac = np.clip(within[finished] / np.maximum(budget[pods[finished]], 1e-9), 0, 1)
         earliest = r["start"][done]
         if step is not None:
-            earliest = earliest + step[pods[finished]] * (1.0 + self.rng.uniform(0.0, 1.0, len(done)))
+            aligned = r["aligned"][done] > 0
+            wait = np.ones(len(done))
+            wait[~aligned] = self.rng.uniform(0.0, 1.0, int((~aligned).sum()))
+            running = (step if plain is None else plain)[pods[finished]]
+            earliest = earliest + running * wait + step[pods[finished]]
         r["first"][done] = np.maximum(t0 + frac * dt, earliest)
         r["oleft"][done] -= 1
         first_at[done] = r["first"][done]
@@ -325,7 +349,7 @@ class SimulatedFleet:
     def _observe(self, rep, batch, steps, step, tpot, tokens_per_step, k, alpha, share, toks, first_at) -> None:
         pods = np.flatnonzero(batch > 0)
         per_pod = np.bincount(rep, weights=toks, minlength=self.n)
-        together, weights = _token_classes(alpha, k[pods], share[pods])
+        together, weights = _token_classes(alpha[pods], k[pods], share[pods])
         itl = step[pods, None] / together                  # [pod, class]: each token's interval
         tokens = per_pod[pods, None] * weights
         np.add.at(self.itl_h, (np.repeat(pods, len(together)), np.searchsorted(ITL_BUCKETS, itl.ravel())),
@@ -346,14 +370,15 @@ class SimulatedFleet:
         self.step_s[pods, bucket, spec] += steps[pods] * step[pods]
         self.step_n[pods, bucket, spec] += steps[pods]
         self.step_seqs[pods, bucket, spec] += steps[pods] * batch[pods]
-        self._count_drafts(pods, steps[pods] * batch[pods], tokens_per_step[pods], k[pods], alpha, share[pods])
+        self._count_drafts(pods, steps[pods] * batch[pods], tokens_per_step[pods], k[pods], share[pods])
 
-    def _count_drafts(self, pods, seq_steps, tokens_per_step, k, alpha: float, share: np.ndarray) -> None:
+    def _count_drafts(self, pods, seq_steps, tokens_per_step, k, share: np.ndarray) -> None:
         """The engine's speculation counters for `seq_steps` decoding sequence-steps per pod: while on,
         k x `share` tokens drafted per sequence-step (tokens_per_step - 1 accepted on average); while
         off, the n-gram guesses scored at the counterfactual depth; on or off, the fresh proposals'
         tokens at every depth: the tick's share at that depth per step while on, and while off per token
-        (`cost.share_per_token`: an engine that is not speculating proposes after every token)."""
+        (`cost.share_per_token`: an engine that is not speculating proposes after every token). Each depth's
+        guesses are accepted at the tick's acceptance at that depth."""
         on, off = pods[k > 0], pods[k <= 0]
         on_steps, off_steps = seq_steps[k > 0], seq_steps[k <= 0]
         self.c[w.SPEC_SEQ_STEPS][on] += on_steps
@@ -363,12 +388,14 @@ class SimulatedFleet:
         cf_share = share_at(self._shares, self.cf_k)
         self.c[w.CF_SEQ_STEPS][off] += off_steps
         self.c[w.CF_DRAFT_TOKENS][off] += off_steps * cf_share * self.cf_k
-        self.c[w.CF_ACCEPTED_TOKENS][off] += off_steps * (expected_tokens(alpha, self.cf_k, cf_share) - 1)
+        cf_alpha = alpha_at(self._alphas, self.cf_k)
+        self.c[w.CF_ACCEPTED_TOKENS][off] += off_steps * (expected_tokens(cf_alpha, self.cf_k, cf_share) - 1)
         self.c[w.PROPOSAL_SEQ_STEPS][pods] += seq_steps
         for depth in range(1, self.depths + 1):
             per_step = share_at(self._shares, depth)          # the profile measured it speculating
             self.c[w.proposed_key(depth)][on] += on_steps * depth * per_step
-            self.c[w.proposed_key(depth)][off] += off_steps * depth * share_per_token(per_step, alpha, depth)
+            self.c[w.proposed_key(depth)][off] += off_steps * depth * share_per_token(
+                per_step, alpha_at(self._alphas, depth), depth)
 
     def _finish(self, r) -> None:
         done = (r["oleft"] <= 1e-9) & ~np.isnan(r["first"])
@@ -442,13 +469,28 @@ def _share_by_pod(share: Share, k: np.ndarray) -> np.ndarray:
     return np.array([share_at(share, max(1, int(depth))) for depth in k], float)
 
 
-def _expected(alpha: float, k: np.ndarray, share: float | np.ndarray = 1.0) -> np.ndarray:
-    """Tokens per sequence-step at depth `k` (vectorized `cost.expected_tokens`): a `share` drafts."""
-    full = k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+def alpha_at(alpha: Alpha, k: int) -> float:
+    """The acceptance at depth `k`: one for every depth, or the one measured at `k` (past the deepest
+    measured, the deepest's; off, depth 1's)."""
+    if isinstance(alpha, (int, float)):
+        return float(alpha)
+    return float(alpha[min(max(k, 1), len(alpha)) - 1])
+
+
+def _alpha_by_pod(alpha: Alpha, k: np.ndarray) -> np.ndarray:
+    return np.array([alpha_at(alpha, int(depth)) for depth in k], float)
+
+
+def _expected(alpha: float | np.ndarray, k: np.ndarray, share: float | np.ndarray = 1.0) -> np.ndarray:
+    """Tokens per sequence-step at depth `k` (vectorized `cost.expected_tokens`): a `share` drafts; `alpha`
+    one, or one per pod."""
+    alpha = np.broadcast_to(np.asarray(alpha, float), np.shape(k))
+    below = np.minimum(alpha, 1 - 1e-12)
+    full = np.where(alpha >= 1, k + 1.0, (1 - below ** (k + 1)) / (1 - below))
     return share * full + (1 - share)          # = 1 + share x (full - 1), and exactly `full` at share 1
 
 
-def _token_classes(alpha: float, k: np.ndarray, share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _token_classes(alpha: float | np.ndarray, k: np.ndarray, share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(j, weights): j = 1 .. max(k) + 1 tokens of one sequence come out of one step together, and
     weights[pod, j - 1] is the share of the pod's tokens that came j at a time. A `share` of the
     sequence-steps draft k tokens, of which a are accepted with probability alpha^a (1 - alpha) below k
@@ -456,6 +498,7 @@ def _token_classes(alpha: float, k: np.ndarray, share: np.ndarray) -> tuple[np.n
     tokens of 1 / j is 1 / `_expected`."""
     together = np.arange(1, int(k.max(initial=0)) + 2, dtype=float)
     accepted, depth = together[None, :] - 1, np.asarray(k, float)[:, None]
+    alpha = np.broadcast_to(np.asarray(alpha, float), np.shape(k))[:, None]
     p = np.where(accepted < depth, alpha ** accepted * (1 - alpha), np.where(accepted == depth, alpha ** depth, 0.0))
     p = np.asarray(share, float)[:, None] * p
     p[:, 0] += 1 - np.asarray(share, float)

@@ -6,8 +6,9 @@ send their next request as soon as the last one ends (no think time), prompts of
 length (`ReplayConfig.prompt_tokens`, else the service's `promptTokens`), exactly the trace's
 `max_tokens` out. The replica's step times come from the engine
 profile (`truth.ProfileTruth`); the acceptance of each phase's workload is the profile's measured n-gram
-acceptance for it, and so is its draft share (the share of decoding sequence-steps that draft: n-gram
-drafting finds a match only for some; 1.0 on a profile too old to have measured it). With
+acceptance for it at the replica's depth, and so is its draft share (the share of decoding sequence-steps
+that draft: n-gram drafting finds a match only for some; 1.0 on a profile too old to have measured it).
+`benchmarks/sim_to_real.py` puts in the acceptance of the closed loop's own prompts. With
 `ReplayConfig.contention`, every step is that much longer at the clients in flight (`contention.Contention`,
 measured by `benchmarks/contention.py`).
 The controller is the operator's: one `control.coordinator.interval` per control interval (the
@@ -38,7 +39,7 @@ from specfleet.sim.contention import Contention
 from specfleet.sim.fleet import ITL_BUCKETS, Record, SimulatedFleet
 from specfleet.sim.run import setup_spec
 from specfleet.sim.trace import Trace
-from specfleet.sim.truth import acceptance_alpha, acceptance_shares
+from specfleet.sim.truth import acceptance_alphas, acceptance_shares
 
 MODES = ("auto", "on", "off")
 
@@ -118,7 +119,7 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
     the operator plans with the profile catalogue `planned` (None: the shipped one, as `specfleet up`)."""
     spec, plan, model, truth = setup_spec(service_spec(cr_spec, cfg.mode), profile, planned)
     k_max = spec.speculation.max_speculative_tokens
-    alphas = {p.workload: acceptance_alpha(profile, p.workload, k_max) for p in trace.phases}
+    alphas = {p.workload: acceptance_alphas(profile, p.workload, k_max) for p in trace.phases}
     shares = {p.workload: acceptance_shares(profile, p.workload, k_max) for p in trace.phases}
     prompts = {p.workload: _prefilled((cfg.prompt_tokens or {}).get(p.workload, spec.slo.prompt_tokens),
                                       (cfg.prefix_hit or {}).get(p.workload, 0.0)) for p in trace.phases}
@@ -135,13 +136,16 @@ def replay(trace: Trace, cr_spec: dict, profile: Profile, cfg: ReplayConfig = Re
                                                      fixed_replicas=True, dwell_s=cfg.dwell_s)
     ctl = _Controller(model, policy, state, fleet.scrape(0.0))
     ticks = [_Tick(0.0, trace.phases[0].name, 0, state.enabled, 0.0, 0.0)]
-    t, next_control = 0.0, cfg.interval_s
+    t, next_control, before = 0.0, cfg.interval_s, 0
     while t < trace.duration - 1e-9:
         phase, clients = trace.at(t)
         missing = clients - fleet.in_flight()          # each client sends its next request as its last ends
         fleet.prompt = prompts[phase.workload]
         if missing > 0:
-            fleet.submit(np.full(missing, t), np.full(missing, float(trace.max_tokens)))
+            joining = min(missing, max(clients - before, 0))     # their first request: at no step's end
+            fleet.submit(np.full(missing, t), np.full(missing, float(trace.max_tokens)),
+                         aligned=np.arange(missing) >= joining)
+        before = clients
         fleet.tick(t, cfg.dt, 0.0, alphas[phase.workload], shares[phase.workload])
         t += cfg.dt
         ticks.append(_Tick(t, phase.name, clients, bool(fleet.k[0] > 0), float(fleet.batch_sum[0]),

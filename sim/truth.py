@@ -159,6 +159,16 @@ def acceptance_alpha(profile: prof.Profile, workload: str, k: int | None = None)
     return alpha_from_acceptance(a.rate, a.k)
 
 
+def acceptance_alphas(profile: prof.Profile, workload: str, max_k: int) -> tuple[float, ...] | float:
+    """The acceptance alpha at each depth 1, 2, ... the profile measured for `workload` without a gap, up
+    to `max_k`: n-gram acceptance is not one geometric process (a proposal's first token is accepted far
+    more often than its fourth), so an alpha fitted at the deepest depth understates the shallow ones.
+    Without depth 1 measured, the one alpha `acceptance_alpha` gives at `max_k`."""
+    measured = {a.k: alpha_from_acceptance(a.rate, a.k) for a in profile.acceptance if a.workload == workload}
+    alphas = list(itertools.takewhile(lambda a: a is not None, (measured.get(j) for j in range(1, max_k + 1))))
+    return tuple(alphas) if alphas else acceptance_alpha(profile, workload, max_k)
+
+
 def acceptance_share(profile: prof.Profile, workload: str, k: int | None = None) -> float:
     """Draft share of the profile's n-gram measurement for `workload` (drafted tokens per k decoding
     sequence-steps) at depth `k`, else at the deepest measured; 1.0 (every sequence-step drafts) for a

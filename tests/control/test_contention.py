@@ -3,6 +3,7 @@ simulated step by the clients in flight, nothing changed without them, and sim_t
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from specfleet.operator.catalogs import NO_PROFILES
-from specfleet.operator.control.window import StepStat
+from specfleet.engine import profile_model as P
+from specfleet.operator.control.window import TTFT, Histogram, Scrape, StepStat
 from specfleet.sim import contention as C, fleet as F, replay, run
 from specfleet.sim.trace import Phase, Trace
 
@@ -18,6 +20,7 @@ from tests.control.sim_kit import CPU_SPEC, ROOT, profile
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import contention as bench  # noqa: E402  (benchmarks/contention.py)
+import closed_loop  # noqa: E402  (benchmarks/closed_loop.py)
 import sim_to_real  # noqa: E402  (benchmarks/sim_to_real.py)
 
 TRACE = Trace(phases=(Phase("few", "copy-heavy", 30.0, 2, 2), Phase("many", "copy-heavy", 30.0, 12, 12)),
@@ -120,6 +123,39 @@ def test_contention_measured_against_another_profile_is_refused(tmp_path):
         sim_to_real.checked_contention(calibration, "step_factor", tmp_path / "b--cpu.json")
     same = sim_to_real.checked_contention(calibration, "step_factor", tmp_path / "a--cpu.json")
     assert same.off == (2.0,)
+
+
+def test_the_calibration_sets_the_clients_ttft_beside_the_engines():
+    def scrape(t: float, count: float, total: float) -> Scrape:
+        return Scrape(t, histograms={TTFT: Histogram((0.5, math.inf), (count, count), total)})
+
+    scrapes = [scrape(3.0, 10, 1.0), scrape(5.0, 12, 1.4), scrape(9.0, 14, 2.2)]
+    sent = [closed_loop.Request(0, "copy-heavy", start, ttft_s=ttft) for start, ttft in
+            ((2.0, 0.9), (4.0, 0.25), (6.0, 0.35), (7.0, None), (12.0, 0.5))]
+    row = bench.ttft_means(scrapes, sent, 4.0, 10.0)
+    # the engine: 0.8 s over the 2 first tokens between the scrapes inside the span (5 s and 9 s)
+    assert row == {"ttft_client_ms": 300.0, "ttft_requests": 2, "ttft_engine_ms": 400.0}
+    assert bench.ttft_means(scrapes[:1], [], 4.0, 10.0) == {"ttft_client_ms": None, "ttft_requests": 0,
+                                                            "ttft_engine_ms": None}
+
+
+def test_the_replay_takes_the_workloads_own_acceptance(tmp_path, monkeypatch):
+    measured = tmp_path / "acceptance.json"
+    measured.write_text(json.dumps({"acceptance": [
+        {"workload": w, "k": k, "draft_tokens": 100, "accepted_tokens": 20, "drafts": 50, "decode_seq_steps": 400}
+        for w in ("copy-heavy", "open-ended") for k in (1, 2)]}))
+    accepted = sim_to_real.workload_acceptance(measured)
+    assert [(a.workload, a.k, a.rate) for a in accepted][:2] == [("copy-heavy", 1, 0.2), ("copy-heavy", 2, 0.2)]
+    with pytest.raises(SystemExit, match="not an acceptance measurement"):
+        sim_to_real.workload_acceptance(tmp_path / "absent.json")
+    monkeypatch.setattr(sim_to_real, "ACCEPTANCE", tmp_path / "absent.json")    # the default, not measured yet
+    assert sim_to_real.workload_acceptance(tmp_path / "absent.json") is None
+    assert sim_to_real.workload_acceptance(None) is None
+    path = tmp_path / "p--cpu.json"
+    P.save(profile(), path)
+    trace = Trace((Phase("copy", "copy-heavy", 20.0, 2, 2),), max_tokens=32)
+    own = sim_to_real.simulate(path, ("on",), (0,), trace, 5.0, 10.0, {"copy-heavy": 64}, acceptance=accepted)
+    assert own["on"]["alpha"]["copy-heavy"][0] == pytest.approx(0.2)
 
 
 def test_the_calibration_prices_the_engines_steps_with_the_simulators_truth_and_takes_medians():

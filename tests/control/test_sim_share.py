@@ -39,7 +39,8 @@ def _fleet(k: int = K, sequences: int = 10) -> F.SimulatedFleet:
     fleet.add_pods(1, 0.0, k, ready_now=True)
     n = sequences
     fleet.req = {"rep": np.zeros(n), "start": np.zeros(n), "arrival": np.zeros(n), "pleft": np.zeros(n),
-                 "oleft": np.full(n, 1e6), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1e6)}
+                 "oleft": np.full(n, 1e6), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1e6),
+                 "aligned": np.zeros(n)}
     return fleet
 
 
@@ -191,6 +192,47 @@ def test_no_first_token_comes_sooner_than_one_step_after_the_request_reaches_its
     step = fleet.truth.step(np.array([1]), np.array([0]), np.array([True]), pending=np.array([2]))[0]
     ttft = float(fleet.req["first"][0] - fleet.req["arrival"][0])
     assert step <= ttft <= 2 * step + 0.01            # the running step's rest, then its own
+
+
+def test_a_request_sent_as_its_predecessor_ended_waits_out_the_whole_step_in_progress():
+    ttft = {}
+    for aligned in (False, True):
+        fleet = _fleet(k=0, sequences=4)
+        fleet.prompt = 2                              # a cached prompt: two tokens left to prefill
+        fleet.submit(np.array([0.05]), np.array([50.0]), aligned=aligned)
+        _run(fleet, 1.0, seconds=1.0, dt=0.01)
+        ttft[aligned] = float(fleet.req["first"][-1] - fleet.req["arrival"][-1])
+    step = fleet.truth.step(np.array([5]), np.array([0]), np.array([True]), pending=np.array([2]))[0]
+    assert ttft[True] == pytest.approx(2 * step, abs=0.011)          # the running step, all of it, then its own
+    assert step <= ttft[False] < 2 * step                            # a share of the running step
+
+
+def test_the_wait_is_priced_at_the_step_without_the_prompt():
+    fleet = _fleet(k=0, sequences=0)
+    fleet.prompt = 2
+    fleet.submit(np.array([0.0]), np.array([50.0]), aligned=True)
+    fleet._admit(0.0)
+    r = fleet.req
+    first = fleet._prefill(r, r["rep"].astype(int), np.array([1.0]), np.array([5.0]), 0.0, 0.1,
+                           step=np.array([0.2]), plain=np.array([0.1]))
+    assert first[0] == pytest.approx(0.1 + 0.2)       # the plain step it waits out, then the step that prefills it
+
+
+def test_the_replay_aligns_a_clients_next_request_to_a_step_end_not_its_first(monkeypatch):
+    sent = []
+    original = F.SimulatedFleet.submit
+
+    def submit(self, arrivals, outputs, aligned=False):
+        sent.append((float(arrivals[0]), np.broadcast_to(aligned, np.shape(arrivals)).tolist()))
+        return original(self, arrivals, outputs, aligned)
+
+    monkeypatch.setattr(F.SimulatedFleet, "submit", submit)
+    trace = Trace((Phase("one", "copy-heavy", 20.0, 1, 1), Phase("three", "copy-heavy", 20.0, 3, 3)), max_tokens=16)
+    replay.replay(trace, CPU_SPEC, profile(), replay.ReplayConfig(mode="off"), NO_PROFILES)
+    assert sent[0] == (0.0, [False])                  # the first client's first request
+    assert all(flags == [True] for t, flags in sent[1:] if t < 20.0 - 1e-9)
+    joined = next(flags for t, flags in sent if t >= 20.0 - 1e-9)
+    assert joined.count(False) == 2                   # two clients join at 20 s, at no step's end
 
 
 def test_the_replay_prefills_only_what_the_prefix_cache_leaves():

@@ -91,7 +91,7 @@ def _hold(fleet: F.SimulatedFleet, decoding: int, waiting: int) -> None:
     fleet.req = {"rep": np.zeros(n), "start": np.zeros(n), "arrival": np.zeros(n),
                  "pleft": np.r_[np.zeros(decoding), np.full(waiting, prompt)], "oleft": np.full(n, 300.0),
                  "first": np.r_[np.zeros(decoding), np.full(waiting, np.nan)], "worst": np.zeros(n),
-                 "olen": np.full(n, 300.0)}
+                 "olen": np.full(n, 300.0), "aligned": np.zeros(n)}
 
 
 def test_prompts_waiting_for_prefill_do_not_slow_the_running_sequences():

@@ -27,7 +27,8 @@ def _decoded(prof: P.Profile, cal: cost.Calibration | None = None) -> float:
     fleet.add_pods(1, 0.0, 0, ready_now=True)
     n = 10
     fleet.req = {"rep": np.zeros(n), "start": np.zeros(n), "arrival": np.zeros(n), "pleft": np.zeros(n),
-                 "oleft": np.full(n, 1000.0), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1000.0)}
+                 "oleft": np.full(n, 1000.0), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1000.0),
+                 "aligned": np.zeros(n)}
     fleet._advance(0.0, 1.0, 0.0)
     return float(1000.0 - fleet.req["oleft"][0])
 
@@ -79,6 +80,26 @@ def test_acceptance_comes_from_the_profiles_workload():
     assert T.acceptance_alpha(p, "copy-heavy") > T.acceptance_alpha(p, "open-ended") > 0
     with pytest.raises(KeyError, match="no acceptance for workload 'chat'"):
         T.acceptance_alpha(p, "chat")
+
+
+def test_the_acceptance_is_read_at_each_depth_measured_from_one():
+    shallow = P.Acceptance("copy-heavy", 1, 100, 80, 100, 200)           # 0.8 of one-token drafts accepted
+    deep = P.Acceptance("copy-heavy", 2, 200, 90, 100, 200)              # 0.45 of two-token drafts
+    p = replace(profile(), acceptance=[shallow, deep])
+    alphas = T.acceptance_alphas(p, "copy-heavy", 4)
+    assert alphas == (pytest.approx(0.8), pytest.approx(cost.alpha_from_acceptance(0.45, 2)))
+    assert F.alpha_at(alphas, 1) == alphas[0] and F.alpha_at(alphas, 4) == alphas[1]     # past the deepest: it
+    no_first = replace(profile(), acceptance=[deep])
+    assert T.acceptance_alphas(no_first, "copy-heavy", 4) == T.acceptance_alpha(no_first, "copy-heavy", 4)
+
+
+def test_a_pod_gains_by_the_acceptance_at_its_own_depth():
+    k = np.array([1, 2])
+    per_pod = F._alpha_by_pod((0.9, 0.2), k)
+    assert per_pod.tolist() == [0.9, 0.2]
+    assert F._expected(per_pod, k).tolist() == pytest.approx([1 + 0.9, 1 + 0.2 + 0.04])
+    together, weights = F._token_classes(per_pod, k, np.ones(2))
+    assert weights[0].tolist() == pytest.approx([0.1 / 1.9, 1.8 / 1.9, 0.0])     # two at a time: 0.9 of steps
 
 
 TRACE = Trace(phases=(Phase("few", "copy-heavy", 40.0, 2, 2), Phase("many", "copy-heavy", 40.0, 14, 14),
@@ -149,7 +170,8 @@ def _pod(prof: P.Profile, k: int, n: int = 10, seed: int = 0) -> F.SimulatedFlee
     fleet = F.SimulatedFleet(model, truth, spec.slo.prompt_tokens, 0.0, 1, 10_000, np.random.default_rng(seed))
     fleet.add_pods(1, 0.0, k, ready_now=True)
     fleet.req = {"rep": np.zeros(n), "start": np.zeros(n), "arrival": np.zeros(n), "pleft": np.zeros(n),
-                 "oleft": np.full(n, 1e6), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1e6)}
+                 "oleft": np.full(n, 1e6), "first": np.zeros(n), "worst": np.zeros(n), "olen": np.full(n, 1e6),
+                 "aligned": np.zeros(n)}
     fleet.record = F.Record()
     return fleet
 

@@ -6,6 +6,7 @@ checks the pages against these and rewrites them; a number on a page outside a m
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Callable
 
@@ -299,6 +300,30 @@ def contention_table(d: dict) -> str:
                  [[str(c), cell("off", c), cell("on", c)] for c in counts])
 
 
+CONTENTION_TTFT, SIM_CONTENTION_TTFT = "contention_xeon_ttft.json", "sim_to_real_full_contention_ttft.json"
+
+
+def ttft_table(d: dict) -> str:
+    """Per phase and speculation state, medians over the repeats: the engine's step, the mean time to first
+    token as the engine timed it and as the clients saw it, and the engine's in steps."""
+    def median(state: str, phase: str, key: str) -> float | None:
+        values = [r["phases"][phase].get(key) for r in d["runs"][state]]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    rows = []
+    for state, runs in d["runs"].items():
+        for phase in runs[0]["phases"]:
+            step, engine, client = (median(state, phase, key) for key in
+                                    ("measured_step_ms", "ttft_engine_ms", "ttft_client_ms"))
+            if None in (step, engine, client):
+                continue
+            rows.append([state, phase, f"{step:.0f}", f"{engine:.0f}", f"{client:.0f}", f"{client - engine:.0f}",
+                         f"{engine / step:.1f}"])
+    return table(["speculation", "phase", "step (ms)", "TTFT, engine (ms)", "TTFT, clients (ms)",
+                  "clients - engine (ms)", "engine TTFT in steps"], rows)
+
+
 def sim_within_by_phase(d: dict) -> str:
     return ", ".join(f"{phase} {share:.0%}" for phase, share in d["within_by_phase"].items())
 
@@ -465,6 +490,12 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("sim_to_real.contention.provenance", SIM_CONTENTION, provenance_line),
     Figure("contention.table", CONTENTION, contention_table),
     Figure("contention.provenance", CONTENTION, provenance_line),
+    Figure("contention_ttft.table", CONTENTION_TTFT, contention_table),
+    Figure("contention_ttft.ttft", CONTENTION_TTFT, ttft_table),
+    Figure("contention_ttft.provenance", CONTENTION_TTFT, provenance_line),
+    Figure("sim_to_real.contention_ttft.within", SIM_CONTENTION_TTFT, sim_within),
+    Figure("sim_to_real.contention_ttft.by_phase", SIM_CONTENTION_TTFT, sim_within_by_phase),
+    Figure("sim_to_real.contention_ttft.provenance", SIM_CONTENTION_TTFT, provenance_line),
     Figure("control.provenance", CONTROL, provenance_line),
     Figure("lora.table", LORA, lora_table),
     Figure("lora.ratio", LORA, lambda d: f"{d['lora/base']['output_throughput']:.3f}×"),

@@ -188,9 +188,9 @@ class SimulatedFleet:
         """Requests that arrive at the gateway at `arrivals` with `outputs` tokens each (closed-loop clients).
         `aligned`: sent as the client's last request ended, which is at the end of a step: such a request
         reaches its pod as the next step starts and waits out all of it, where one arriving at a random
-        time waits out a uniform share of the step in progress (the client's round trip, a few ms, is left
-        out: on this project's CPU runs the engines timed a request's first token within 10 ms of the
-        clients, steps take 40-170 ms)."""
+        time waits out a uniform share of the step in progress. The client's round trip is left out: on
+        this project's CPU runs the clients saw a first token 5-13 ms after the engine in most phases, against
+        steps of 35-160 ms (benchmarks/results/contention_xeon_ttft.json)."""
         arrivals = np.asarray(arrivals, float)
         self._queue(arrivals, np.asarray(outputs, float), np.broadcast_to(np.asarray(aligned, float), arrivals.shape))
 

@@ -341,7 +341,7 @@ class LLMEngine:
                              seq.output_token_ids, seq.output_text, seq.finish_reason is not None,
                              seq.finish_reason, seq.stop_reason,
                              seq.output_logprobs if seq.params.logprobs is not None else None,
-                             seq.num_cached_tokens, new)
+                             seq.num_cached_tokens, new, seq.first_scheduled_time)
 
     @staticmethod
     def _decoding(scheduled: SchedulerOutput) -> tuple[int, int]:

@@ -17,3 +17,4 @@ class RequestOutput:
     logprobs: list[dict[int, float]] | None = None
     num_cached_tokens: int = 0                # prompt tokens served from the prefix cache
     new_token_ids: list[int] = field(default_factory=list)   # tokens added by this step
+    first_scheduled_time: float | None = None  # time.monotonic() when it first joined a step (vLLM's metrics)

@@ -120,6 +120,8 @@ class Scheduler:
             if chunk == 0:
                 break
             self.waiting.popleft()
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.add(seq, chunk)

@@ -29,6 +29,7 @@ class Sequence:
     stop_reason: int | str | None = None
     output_logprobs: list[dict[int, float]] = field(default_factory=list)
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None    # monotonic, when first admitted to a step (kept on preemption)
     num_preemptions: int = 0
     late: bool = False                  # can no longer meet its TTFT deadline (deadline order only)
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens being verified this step

@@ -253,6 +253,8 @@ class AsyncEngine:
             timing.tokens += n
             if timing.last_token is None:
                 self.observer.first_token(now - timing.arrival)
+                if out.first_scheduled_time is not None:
+                    self.observer.queued(out.first_scheduled_time - timing.arrival, now - out.first_scheduled_time)
                 timing.first_token = now
                 n -= 1
             else:
@@ -307,6 +309,10 @@ class RequestObserver:
     """Per-request latency hooks, called on the stepping thread (metrics implement them)."""
 
     def first_token(self, ttft_s: float) -> None: ...
+
+    def queued(self, queue_s: float, prefill_s: float) -> None:
+        """A first token's TTFT in two: from the HTTP handler to the step that first took the request, and
+        from there to the token."""
 
     def inter_token(self, itl_s: float, count: int) -> None: ...
 

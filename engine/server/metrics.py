@@ -83,6 +83,12 @@ class ServerMetrics:
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds "
                              "(one observation per output token after the first).", label, buckets=ITL_BUCKETS,
                              registry=r).labels(model_name)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent waiting (from the "
+                                    "HTTP handler to the first step that took the request) in seconds.", label,
+                                    buckets=TTFT_BUCKETS, registry=r).labels(model_name)
+        self.prefill_time = Histogram("vllm:request_prefill_time_seconds", "Histogram of time from the first step "
+                                      "that took the request to its first token in seconds.", label,
+                                      buckets=TTFT_BUCKETS, registry=r).labels(model_name)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of end-to-end request latency in "
                              "seconds.", label, buckets=E2E_BUCKETS, registry=r).labels(model_name)
         self.iteration_tokens = Histogram("vllm:iteration_tokens_total", "Histogram of tokens per engine step.",
@@ -133,6 +139,10 @@ class ServerMetrics:
 
     def first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
+
+    def queued(self, queue_s: float, prefill_s: float) -> None:
+        self.queue_time.observe(max(queue_s, 0.0))
+        self.prefill_time.observe(max(prefill_s, 0.0))
 
     def inter_token(self, itl_s: float, count: int) -> None:
         for _ in range(count):

@@ -1,5 +1,6 @@
 """Deadline-ordered admission (`ttft_deadline_ms`): prompts that can still meet arrival + target go first,
-late ones after them, preempted sequences keep the head, nothing is dropped; without it, arrival order."""
+late ones after them, preempted sequences keep the head, nothing is dropped; without it, arrival order.
+Each sequence keeps the time it first joined a step (the queue time the server reports)."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,7 @@ from specfleet.engine import LLM, SamplingParams
 from specfleet.engine.config import EngineConfig
 from specfleet.engine.kv.block_manager import BlockManager
 from specfleet.engine.sampling_params import SamplingParams as Params
-from specfleet.engine.scheduler import Scheduler
+from specfleet.engine.scheduler import Scheduler, SchedulerOutput
 from specfleet.engine.sequence import Sequence
 
 
@@ -63,6 +64,19 @@ def test_preempted_sequences_keep_the_head_of_the_queue():
     old.num_preemptions = 1
     waiting(sched, [0.0, 0.0])
     assert admitted(sched)[0] == "r0"
+
+
+def test_a_sequence_keeps_the_time_it_first_joined_a_step_through_preemption():
+    sched = scheduler(None, max_num_seqs=1)
+    first, second = waiting(sched, [0.0, 0.0])
+    assert first.first_scheduled_time is None
+    before = time.monotonic()
+    assert admitted(sched) == ["r0"]
+    joined = first.first_scheduled_time
+    assert joined is not None and before <= joined <= time.monotonic() and second.first_scheduled_time is None
+    sched.preempt(first, SchedulerOutput())
+    assert admitted(sched) == ["r0"]                      # back at the head of the queue, joined again
+    assert first.first_scheduled_time == joined
 
 
 def test_engine_with_deadline_order_serves_every_request_identically(tiny_llama):

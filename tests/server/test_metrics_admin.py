@@ -16,7 +16,8 @@ REQUIRED = {
     "gauge": ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
               "specfleet:speculation_enabled", "specfleet:num_speculative_tokens"],
     "histogram": ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-                  "vllm:e2e_request_latency_seconds", "vllm:iteration_tokens_total", "specfleet:batch_size"],
+                  "vllm:e2e_request_latency_seconds", "vllm:iteration_tokens_total", "specfleet:batch_size",
+                  "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds"],
     "summary": ["specfleet:step_duration_seconds"],      # count and sum, no quantiles: the mean step per bucket
 }
 
@@ -68,6 +69,11 @@ def test_counters_and_histograms_move_with_a_request(live_server, http):
     assert delta(f"vllm:generation_tokens_total{label}") == usage["completion_tokens"] == 7
     assert delta(f"vllm:prompt_tokens_total{label}") == usage["prompt_tokens"]
     assert delta(f"vllm:time_to_first_token_seconds_count{label}") == 1
+    # the first token's time in two: waiting for a step, then the step(s) up to the token
+    assert delta(f"vllm:request_queue_time_seconds_count{label}") == delta(
+        f"vllm:request_prefill_time_seconds_count{label}") == 1
+    parts = delta(f"vllm:request_queue_time_seconds_sum{label}") + delta(f"vllm:request_prefill_time_seconds_sum{label}")
+    assert parts == pytest.approx(delta(f"vllm:time_to_first_token_seconds_sum{label}"), abs=1e-6)
     assert delta(f"vllm:inter_token_latency_seconds_count{label}") == 6
     assert delta(f"vllm:e2e_request_latency_seconds_count{label}") == 1
     assert delta("vllm:request_success_total{finished_reason=length,model_name=tiny}") == 1

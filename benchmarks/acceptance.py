@@ -21,13 +21,13 @@ from pathlib import Path
 
 import yaml
 
+from closed_loop import EXAMPLE                  # benchmarks/closed_loop.py: the service it runs
 from provenance import stamp                     # benchmarks/provenance.py: command, commit, machine, date
 from speculation import COPY_TASKS, OPEN_TASKS, chat
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "manifests/examples/smollm2-cpu.yaml"      # the closed loop's service
+from specfleet.sim.trace import SIM_TO_REAL       # the closed loop's trace
+
 OUT = Path(__file__).parent / "results" / "acceptance_closed_loop.json"
-MAX_TOKENS = 96                                              # sim/trace.py's SIM_TO_REAL, the closed loop's trace
 
 
 def speculation_spec(manifest: Path = EXAMPLE) -> dict:
@@ -60,7 +60,7 @@ def measure(repeats: int, max_tokens: int, threads: int) -> list[list[dict]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2, help="fresh engines; greedy text should give the same counts")
-    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    ap.add_argument("--max-tokens", type=int, default=SIM_TO_REAL.max_tokens)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()

@@ -161,12 +161,11 @@ def acceptance_alpha(profile: prof.Profile, workload: str, k: int | None = None)
 
 def acceptance_alphas(profile: prof.Profile, workload: str, max_k: int) -> tuple[float, ...] | float:
     """The acceptance alpha at each depth 1, 2, ... the profile measured for `workload` without a gap, up
-    to `max_k`: n-gram acceptance is not one geometric process (a proposal's first token is accepted far
-    more often than its fourth), so an alpha fitted at the deepest depth understates the shallow ones.
-    Without depth 1 measured, the one alpha `acceptance_alpha` gives at `max_k`."""
-    measured = {a.k: alpha_from_acceptance(a.rate, a.k) for a in profile.acceptance if a.workload == workload}
-    alphas = list(itertools.takewhile(lambda a: a is not None, (measured.get(j) for j in range(1, max_k + 1))))
-    return tuple(alphas) if alphas else acceptance_alpha(profile, workload, max_k)
+    to `max_k`, each from its own depth's rate: a pod at depth k accepts as the measurement at k did, not as
+    one alpha fitted at the deepest depth says. Without depth 1 measured, the one alpha `acceptance_alpha`
+    gives at `max_k`."""
+    alphas = _per_depth(profile, workload, max_k, lambda a: alpha_from_acceptance(a.rate, a.k))
+    return alphas or acceptance_alpha(profile, workload, max_k)
 
 
 def acceptance_share(profile: prof.Profile, workload: str, k: int | None = None) -> float:
@@ -181,9 +180,14 @@ def acceptance_shares(profile: prof.Profile, workload: str, max_k: int) -> tuple
     """The draft share at each depth 1, 2, ... the profile measured for `workload` without a gap, up to
     `max_k` (the share falls with k: n-gram proposals are often shorter than k); without depth 1
     measured, the one share `acceptance_share` gives."""
-    measured = {a.k: a.draft_share for a in profile.acceptance if a.workload == workload}
-    shares = list(itertools.takewhile(lambda s: s is not None, (measured.get(j) for j in range(1, max_k + 1))))
-    return tuple(shares) if shares else acceptance_share(profile, workload, max_k)
+    return _per_depth(profile, workload, max_k, lambda a: a.draft_share) or acceptance_share(profile, workload, max_k)
+
+
+def _per_depth(profile: prof.Profile, workload: str, max_k: int, value) -> tuple[float, ...]:
+    """`value` of the measurement at each depth 1, 2, ... up to `max_k`, up to the first depth not measured
+    (or whose value is None); () without depth 1."""
+    measured = {a.k: value(a) for a in profile.acceptance if a.workload == workload}
+    return tuple(itertools.takewhile(lambda v: v is not None, (measured.get(j) for j in range(1, max_k + 1))))
 
 
 def _acceptance(profile: prof.Profile, workload: str, k: int | None) -> prof.Acceptance:

@@ -301,6 +301,7 @@ def contention_table(d: dict) -> str:
 
 
 CONTENTION_TTFT, SIM_CONTENTION_TTFT = "contention_xeon_ttft.json", "sim_to_real_full_contention_ttft.json"
+SIM_PROFILE_ACCEPTANCE = "sim_to_real_full_contention_profile_acceptance.json"   # the aligned wait alone
 
 
 def ttft_table(d: dict) -> str:
@@ -326,6 +327,11 @@ def ttft_table(d: dict) -> str:
 
 def sim_within_by_phase(d: dict) -> str:
     return ", ".join(f"{phase} {share:.0%}" for phase, share in d["within_by_phase"].items())
+
+
+def sim_p50_within(d: dict) -> str:
+    m = d["within_by_metric"]
+    return f"TTFT p50 {m['ttft_p50_ms']:.0%}, ITL p50 {m['itl_p50_ms']:.0%}"
 
 
 def closed_loop_checks(d: dict) -> str:
@@ -496,6 +502,9 @@ FIGURES: dict[str, Figure] = {f.id: f for f in [
     Figure("sim_to_real.contention_ttft.within", SIM_CONTENTION_TTFT, sim_within),
     Figure("sim_to_real.contention_ttft.by_phase", SIM_CONTENTION_TTFT, sim_within_by_phase),
     Figure("sim_to_real.contention_ttft.provenance", SIM_CONTENTION_TTFT, provenance_line),
+    Figure("sim_to_real.profile_acceptance.within", SIM_PROFILE_ACCEPTANCE, sim_within),
+    Figure("sim_to_real.profile_acceptance.p50", SIM_PROFILE_ACCEPTANCE, sim_p50_within),
+    Figure("sim_to_real.profile_acceptance.provenance", SIM_PROFILE_ACCEPTANCE, provenance_line),
     Figure("control.provenance", CONTROL, provenance_line),
     Figure("lora.table", LORA, lora_table),
     Figure("lora.ratio", LORA, lambda d: f"{d['lora/base']['output_throughput']:.3f}×"),
